@@ -1,0 +1,21 @@
+# Fails when a C++ file under ROOT is not formatted per ROOT/.clang-format (clang-format 14).
+find_program(CLANG_FORMAT NAMES clang-format-14 clang-format)
+if(NOT CLANG_FORMAT)
+  message(FATAL_ERROR "clang-format not found: apt-get install clang-format (scripts/setup.sh does)")
+endif()
+file(GLOB_RECURSE files ${ROOT}/include/*.hpp ${ROOT}/include/*.cuh ${ROOT}/test/*.hpp
+     ${ROOT}/test/*.cpp ${ROOT}/bench/*.cpp ${ROOT}/bench/*.hpp ${ROOT}/examples/*.cpp)
+set(bad "")
+foreach(f ${files})
+  execute_process(COMMAND ${CLANG_FORMAT} --dry-run --Werror ${f} RESULT_VARIABLE rc
+                  OUTPUT_QUIET ERROR_QUIET)
+  if(NOT rc EQUAL 0)
+    list(APPEND bad ${f})
+  endif()
+endforeach()
+list(LENGTH files n)
+if(bad)
+  string(REPLACE ";" "\n  " bad "${bad}")
+  message(FATAL_ERROR "not formatted per .clang-format (clang-format -i fixes them):\n  ${bad}")
+endif()
+message(STATUS "${n} files formatted per .clang-format")

@@ -1,0 +1,50 @@
+// The exception hierarchy of strata: every error the library throws derives from strata::error.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace strata {
+
+/// Base of every exception strata throws. The message says what failed, the numbers
+/// involved, and what to do about it.
+class error : public std::runtime_error {
+public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A configuration the library cannot run: a mesh that does not divide the world, a size
+/// that does not divide by the group, a missing environment variable. Thrown at construction.
+class config_error : public error {
+public:
+  using error::error;
+};
+
+/// A failure inside a communicator.
+class comm_error : public error {
+public:
+  using error::error;
+};
+
+/// A blocking operation did not complete within its timeout. The message names the
+/// operation, its sequence number on the communicator and the ranks that did not arrive.
+class comm_timeout : public comm_error {
+public:
+  using comm_error::comm_error;
+};
+
+/// Ranks called different collectives (or the same one with different count, type, op or
+/// root). Raised on every rank, with what each side called.
+class comm_desync : public comm_error {
+public:
+  using comm_error::comm_error;
+};
+
+/// Another rank failed (threw, timed out or desynchronised), so this rank stops instead of
+/// waiting for it. The message names the failing rank and its error.
+class comm_aborted : public comm_error {
+public:
+  using comm_error::comm_error;
+};
+
+} // namespace strata
