@@ -526,30 +526,37 @@ TEST_CASE("rendezvous of ranks in threads completes, and a duplicated rank is re
   o.master_addr = loopback;
   o.master_port = free_port();
   o.timeout = 10s;
-  auto run = [o](int rank) mutable -> std::optional<std::string> {
-    o.rank = rank;
-    o.local_rank = rank;
-    try {
-      auto r = strata::comm::rendezvous(o);
-      strata::comm::store_barrier(*r.store, "threads", r.rank, r.world_size);
-      return std::nullopt;
-    } catch (strata::config_error const& e) {
-      return std::string(e.what());
-    }
+  auto const options_for = [o](int rank) {
+    auto c = o;
+    c.rank = rank;
+    c.local_rank = rank;
+    return c;
   };
-  auto rank0 = std::async(std::launch::async, run, 0);
-  auto rank1a = std::async(std::launch::async, run, 1);
-  auto rank1b = std::async(std::launch::async, run, 1);
-  REQUIRE(rank0.wait_for(10s) == std::future_status::ready);
-  REQUIRE(rank1a.wait_for(10s) == std::future_status::ready);
-  REQUIRE(rank1b.wait_for(10s) == std::future_status::ready);
-  REQUIRE_FALSE(rank0.get().has_value());
-  auto const a = rank1a.get();
-  auto const b = rank1b.get();
-  REQUIRE(a.has_value() != b.has_value());
-  auto const what = a ? *a : *b;
+  auto rank1 = std::async(std::launch::async, [&] {
+    auto r = strata::comm::rendezvous(options_for(1));
+    strata::comm::store_barrier(*r.store, "threads", r.rank, r.world_size);
+    return r;
+  });
+  auto rank0 = strata::comm::rendezvous(options_for(0));
+  strata::comm::store_barrier(*rank0.store, "threads", rank0.rank, rank0.world_size);
+  REQUIRE(rank1.wait_for(10s) == std::future_status::ready);
+  auto r1 = rank1.get();
+  REQUIRE(r1.rank == 1);
+  REQUIRE(r1.server == nullptr);
+  REQUIRE(rank0.server != nullptr);
+
+  // While both ranks still hold the store, a second process claiming rank 1 is refused.
+  auto const what = config_error_of([&] { strata::comm::rendezvous(options_for(1)); });
   CAPTURE(what);
   REQUIRE(what.find("RANK=1") != std::string::npos);
+  REQUIRE(what.find("2 processes") != std::string::npos);
+
+  // Rank 1 leaves first: rank 0's leave waits for it, and both run on this thread.
+  r1.leave();
+  auto const t = clock_type::now();
+  rank0.leave();
+  REQUIRE(seconds_since(t) < 2.0);
+  REQUIRE(rank0.server == nullptr);
 }
 
 TEST_CASE("rendezvous with a missing rank times out naming that rank", "[comm][rendezvous]") {

@@ -75,7 +75,7 @@ struct env_rendezvous {
 
 namespace detail {
 
-inline std::string const rdzv_example =
+inline constexpr char const rdzv_example[] =
     "launch with RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 <program> (and "
     "RANK=1 for the second process), use torchrun, or use mpirun";
 
