@@ -1,8 +1,8 @@
 // Rendezvous from the environment torchrun sets: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 #pragma once
 
-#include "strata/comm/rendezvous/tcp_store.hpp"
-#include "strata/core/error.hpp"
+#include <strata/comm/rendezvous/tcp_store.hpp>
+#include <strata/core/error.hpp>
 
 #include <algorithm>
 #include <charconv>

@@ -1,7 +1,7 @@
 // A key-value store over TCP for rendezvous, as PyTorch's TCPStore serves torchrun.
 #pragma once
 
-#include "strata/core/error.hpp"
+#include <strata/core/error.hpp>
 
 #include <algorithm>
 #include <cerrno>
