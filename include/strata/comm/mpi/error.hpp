@@ -7,6 +7,13 @@
 
 #include <strata/core/error.hpp>
 
+// The C API only: MPI's deprecated C++ bindings add nothing and warn under -Wextra.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
 #include <mpi.h>
 
 #include <string>

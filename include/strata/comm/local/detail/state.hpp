@@ -3,6 +3,7 @@
 #pragma once
 
 #include <strata/comm/counters.hpp>
+#include <strata/comm/detail/call_desc.hpp>
 #include <strata/comm/local/detail/futex.hpp>
 #include <strata/comm/options.hpp>
 #include <strata/comm/reduce_op.hpp>
@@ -73,33 +74,8 @@ private:
   std::string message_;
 };
 
-/// What a rank called: compared across ranks before every collective.
-struct call_desc {
-  op_kind kind = op_kind::barrier;
-  dtype type = dtype::f32;
-  reduce_op op = reduce_op::sum;
-  int root = 0;
-  std::size_t count = 0;
-
-  friend bool operator==(call_desc const&, call_desc const&) = default;
-};
-
-inline std::string describe(call_desc const& d) {
-  std::string s(name_of(d.kind));
-  switch (d.kind) {
-  case op_kind::all_reduce:
-  case op_kind::reduce_scatter:
-    return s + "(count " + std::to_string(d.count) + ", " + std::string(name_of(d.type)) + ", " +
-           std::string(name_of(d.op)) + ")";
-  case op_kind::all_gather:
-    return s + "(count " + std::to_string(d.count) + ", " + std::string(name_of(d.type)) + ")";
-  case op_kind::broadcast:
-    return s + "(count " + std::to_string(d.count) + ", " + std::string(name_of(d.type)) +
-           ", root " + std::to_string(d.root) + ")";
-  default:
-    return s + "()";
-  }
-}
+using comm::detail::call_desc;
+using comm::detail::describe;
 
 struct group_state;
 
@@ -147,12 +123,7 @@ struct group_state {
 
   /// "ranks [2, 3]" or, in a sub-communicator, "ranks [1] (world ranks [3])".
   std::string name_ranks(std::vector<int> const& ranks) const {
-    auto list = [](std::vector<int> const& v) {
-      std::string s = "[";
-      for (std::size_t i = 0; i < v.size(); ++i)
-        s += (i ? ", " : "") + std::to_string(v[i]);
-      return s + "]";
-    };
+    auto list = [](std::vector<int> const& v) { return comm::detail::list_of(v); };
     std::string s = (ranks.size() == 1 ? "rank " : "ranks ") + list(ranks);
     if (size != job->world_size) {
       std::vector<int> w;

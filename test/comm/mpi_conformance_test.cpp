@@ -1,0 +1,128 @@
+// The conformance suite on the MPI backend, run under mpirun with 2 and 4 processes. Every
+// rank runs every test case; only rank 0 reports, the exit code is the maximum over ranks.
+#define CATCH_CONFIG_RUNNER
+#include "conformance.hpp"
+
+#include <strata/comm/mpi.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace sc = strata::comm;
+namespace conf = strata::test::conformance;
+using strata::test::seed;
+
+namespace {
+
+sc::mpi::environment* env = nullptr;
+
+/// Runs `fn` on a fresh duplicate of the world on every rank; a failure on any rank fails the
+/// test on all of them, and the failing rank prints why.
+template <class Fn>
+void on_every_rank(Fn&& fn) {
+  std::string error;
+  {
+    sc::mpi::communicator world = env->world();
+    try {
+      fn(world);
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+  }
+  int bad = error.empty() ? 0 : 1;
+  MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!error.empty())
+    std::fprintf(stderr, "rank %d: %s\n", env->rank(), error.c_str());
+  INFO("a rank failed; its message is on stderr");
+  REQUIRE(bad == 0);
+}
+
+} // namespace
+
+// MPI chooses its own summation order, so floating-point sums are checked to the rounding of
+// another order (conformance.hpp: matches) rather than bit for bit; everything else is exact.
+#define STRATA_MPI_CONFORMANCE(fn, title)                                                          \
+  TEST_CASE("mpi communicator: " title, "[comm][mpi][conformance]") {                              \
+    on_every_rank([&](sc::mpi::communicator& c) { fn; });                                          \
+  }
+
+STRATA_MPI_CONFORMANCE(conf::all_reduce(c, seed(), false),
+                       "all_reduce matches the reference for every type, op and size")
+STRATA_MPI_CONFORMANCE(conf::reduce_scatter(c, seed(), false),
+                       "reduce_scatter gives each rank its reduced share")
+STRATA_MPI_CONFORMANCE(conf::all_gather(c, seed()), "all_gather concatenates in rank order")
+STRATA_MPI_CONFORMANCE(conf::broadcast(c, seed()), "broadcast copies the root's buffer")
+STRATA_MPI_CONFORMANCE(conf::point_to_point(c, seed()),
+                       "grouped and blocking send/recv deliver in order")
+STRATA_MPI_CONFORMANCE(conf::split(c, seed(), false), "split orders by key and reduces per color")
+STRATA_MPI_CONFORMANCE(conf::mesh(c), "every mesh axis reduces over its own ranks")
+STRATA_MPI_CONFORMANCE(conf::async(c, seed(), false),
+                       "non-blocking operations complete in issue order")
+STRATA_MPI_CONFORMANCE(conf::counters(c), "counters count calls and bytes per kind")
+
+TEST_CASE("mpi all_reduce gives the same bits on every rank and in every run",
+          "[comm][mpi][conformance]") {
+  on_every_rank([](sc::mpi::communicator& c) {
+    std::size_t const count = 100003;
+    std::uint64_t const key = strata::test::mix(seed(), 4321);
+    std::vector<float> in(count), a(count), b(count);
+    for (std::size_t i = 0; i < count; ++i)
+      in[i] = conf::value<float>(key, c.rank(), i) * 1e3f;
+    c.all_reduce(std::span<float const>(in), std::span<float>(a), sc::reduce_op::sum);
+    c.all_reduce(std::span<float const>(in), std::span<float>(b), sc::reduce_op::sum);
+    STRATA_CHECK(std::memcmp(a.data(), b.data(), count * sizeof(float)) == 0);
+    // Every rank's result, gathered, equals ours bit for bit.
+    std::vector<float> all(count * static_cast<std::size_t>(c.size()));
+    c.all_gather(std::span<float const>(a), std::span<float>(all));
+    for (int j = 0; j < c.size(); ++j)
+      STRATA_CHECK(std::memcmp(all.data() + static_cast<std::size_t>(j) * count, a.data(),
+                               count * sizeof(float)) == 0);
+  });
+}
+
+TEST_CASE("mpi checked mode raises comm_desync on every rank, showing every call",
+          "[comm][mpi][errors]") {
+  on_every_rank([&](sc::mpi::communicator& c) {
+    STRATA_CHECK_MSG(env->options().checked, "run with STRATA_COMM_CHECKED=1 (ctest sets it)");
+    std::vector<float> v(20, 1.0f);
+    std::string text;
+    try {
+      if (c.rank() == 1)
+        c.all_reduce(std::span<float>(v).first(11), sc::reduce_op::sum);
+      else
+        c.all_reduce(std::span<float>(v).first(10), sc::reduce_op::sum);
+    } catch (strata::comm_desync const& e) {
+      text = e.what();
+    }
+    STRATA_CHECK_MSG(
+        text.find("rank [0] called all_reduce(count 10, f32, sum)") != std::string::npos, text);
+    STRATA_CHECK_MSG(
+        text.find("rank [1] called all_reduce(count 11, f32, sum)") != std::string::npos, text);
+    // After a detected mismatch the communicator is still usable: nothing was exchanged.
+    c.all_reduce(std::span<float>(v).first(10), sc::reduce_op::sum);
+    STRATA_CHECK(v[0] == static_cast<float>(c.size()));
+  });
+}
+
+int main(int argc, char** argv) {
+  sc::mpi::environment e(argc, argv);
+  env = &e;
+  // One seed for every rank: rank 0's.
+  unsigned long long s = e.rank() == 0 ? seed() : 0;
+  MPI_Bcast(&s, 1, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  if (e.rank() != 0) {
+    std::string const text = std::to_string(s);
+    ::setenv("STRATA_TEST_SEED", text.c_str(), 1);
+  }
+  Catch::Session session;
+  if (int rc = session.applyCommandLine(argc, argv); rc != 0)
+    return rc;
+  if (e.rank() != 0)
+    session.configData().outputFilename = "/dev/null";
+  int result = session.run();
+  MPI_Allreduce(MPI_IN_PLACE, &result, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return result;
+}
