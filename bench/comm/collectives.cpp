@@ -1,11 +1,18 @@
 // strata_bench_comm: algbw and busbw (nccl-tests definitions) of the local backend's
-// collectives, beside the a[i] += b[i] loop that bounds them.
+// collectives, beside the a[i] += b[i] loop that bounds them; under mpirun (built with MPI),
+// the MPI backend beside raw MPI calls in the same run.
 #include <strata/comm/local.hpp>
+#if STRATA_BENCH_MPI
+#include <strata/comm/mpi.hpp>
+#endif
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -173,4 +180,145 @@ BENCHMARK(bm_all_reduce_vs_limit)
     ->Arg(64 << 20)
     ->UseManualTime();
 
+#if STRATA_BENCH_MPI
+namespace {
+
+sc::mpi::environment* mpi_env = nullptr;
+
+/// One collective of `bytes` (nccl-tests size) through raw MPI and through strata's MPI
+/// backend, alternately, on the same buffers: busbw of each and their ratio.
+void bm_mpi(benchmark::State& state, coll k, std::size_t bytes) {
+  sc::mpi::communicator c = mpi_env->world();
+  MPI_Comm raw = MPI_COMM_NULL;
+  MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+  int const n = c.size();
+  std::size_t const count = bytes / sizeof(float);
+  std::size_t const share = count / static_cast<std::size_t>(n);
+  std::vector<float> buf(count, 1.0f + static_cast<float>(c.rank())), out(count);
+  std::span<float> all(buf), mine = std::span<float>(out).first(share);
+  std::span<float> gathered = all.first(share * static_cast<std::size_t>(n));
+  auto const ishare = static_cast<int>(share), icount = static_cast<int>(count);
+  auto via_mpi = [&] {
+    switch (k) {
+    case coll::all_reduce:
+      return (void)MPI_Allreduce(MPI_IN_PLACE, buf.data(), icount, MPI_FLOAT, MPI_SUM, raw);
+    case coll::reduce_scatter:
+      return (void)MPI_Reduce_scatter_block(buf.data(), out.data(), ishare, MPI_FLOAT, MPI_SUM,
+                                            raw);
+    case coll::all_gather:
+      return (void)MPI_Allgather(out.data(), ishare, MPI_FLOAT, buf.data(), ishare, MPI_FLOAT, raw);
+    case coll::broadcast:
+      return (void)MPI_Bcast(buf.data(), icount, MPI_FLOAT, 0, raw);
+    }
+  };
+  auto via_strata = [&] {
+    switch (k) {
+    case coll::all_reduce:
+      return c.all_reduce(all, sc::reduce_op::sum);
+    case coll::reduce_scatter:
+      return c.reduce_scatter(std::span<float const>(gathered), mine, sc::reduce_op::sum);
+    case coll::all_gather:
+      return c.all_gather(std::span<float const>(mine), gathered);
+    case coll::broadcast:
+      return c.broadcast(all, 0);
+    }
+  };
+  // The slowest rank's time of one call.
+  auto timed = [&](auto&& call) {
+    MPI_Barrier(raw);
+    auto const t0 = std::chrono::steady_clock::now();
+    call();
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, raw);
+    return t;
+  };
+  via_mpi();
+  via_strata();
+  double raw_total = 0, strata_total = 0;
+  for (auto _ : state) {
+    raw_total += timed(via_mpi);
+    double const t = timed(via_strata);
+    strata_total += t;
+    state.SetIterationTime(t);
+  }
+  double const iters = static_cast<double>(state.iterations());
+  double const factor = bus_factor(k, n);
+  double const strata_busbw = static_cast<double>(bytes) / (strata_total / iters) * factor;
+  double const raw_busbw = static_cast<double>(bytes) / (raw_total / iters) * factor;
+  state.counters["busbw"] = benchmark::Counter(strata_busbw);
+  state.counters["raw_mpi_busbw"] = benchmark::Counter(raw_busbw);
+  state.counters["ratio"] = benchmark::Counter(strata_busbw / raw_busbw);
+  state.counters["ranks"] = benchmark::Counter(n);
+  MPI_Comm_free(&raw);
+}
+
+void register_mpi_benchmarks() {
+  struct named {
+    coll k;
+    char const* name;
+  };
+  for (named const& c :
+       {named{coll::all_reduce, "all_reduce"}, named{coll::reduce_scatter, "reduce_scatter"},
+        named{coll::all_gather, "all_gather"}, named{coll::broadcast, "broadcast"}})
+    for (std::size_t bytes = 4096; bytes <= (256u << 20); bytes *= 4) {
+      // Every rank must run the same number of iterations: fixed, not estimated.
+      auto const iters =
+          std::clamp<std::int64_t>(static_cast<std::int64_t>((512u << 20) / bytes), 5, 400);
+      benchmark::RegisterBenchmark(
+          ("mpi/" + std::string(c.name) + "/" + std::to_string(bytes)).c_str(),
+          [k = c.k, bytes](benchmark::State& s) { bm_mpi(s, k, bytes); })
+          ->Iterations(iters)
+          ->UseManualTime();
+    }
+}
+
+class null_reporter : public benchmark::BenchmarkReporter {
+public:
+  bool ReportContext(Context const&) override { return true; }
+  void ReportRuns(std::vector<Run> const&) override {}
+};
+
+/// Whether a launcher (mpirun, srun) started this process: only then is MPI started, since an
+/// Open MPI singleton keeps a thread busy that would slow the local benchmarks down.
+bool under_launcher() {
+  for (char const* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
+    if (std::getenv(v))
+      return true;
+  return false;
+}
+
+int run_benchmarks(int argc, char** argv, int rank) {
+  benchmark::Initialize(&argc, argv);
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    null_reporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  return 0;
+}
+
+} // namespace
+
+// Under mpirun: only the MPI benchmarks (mpi/...), reported by rank 0. Otherwise: the local
+// backend's, without starting MPI.
+int main(int argc, char** argv) {
+  if (!under_launcher())
+    return run_benchmarks(argc, argv, 0);
+  sc::mpi::environment env(argc, argv);
+  mpi_env = &env;
+  register_mpi_benchmarks();
+  std::vector<char*> args(argv, argv + argc);
+  std::string filter = "--benchmark_filter=^mpi/";
+  bool has_filter = false;
+  for (char* a : args)
+    has_filter = has_filter || std::string(a).rfind("--benchmark_filter", 0) == 0;
+  if (!has_filter)
+    args.push_back(filter.data());
+  args.push_back(nullptr);
+  return run_benchmarks(static_cast<int>(args.size()) - 1, args.data(), env.rank());
+}
+#else
 BENCHMARK_MAIN();
+#endif

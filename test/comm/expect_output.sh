@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs a command that must fail, within a deadline, and checks its combined output.
-# usage: expect_output.sh SECONDS 'N:extended-regex' ... -- command [args...]
-# Each 'N:regex' needs at least N matching lines. Exits non-zero, saying why, otherwise.
+# Runs a command within a deadline and checks how it ended and what it printed.
+# usage: expect_output.sh fail|pass SECONDS 'N:extended-regex' ... -- command [args...]
+# fail: the command must exit non-zero; pass: zero. Each 'N:regex' needs at least N matching
+# lines of its combined output. Exits non-zero, saying why, otherwise.
 set -u
-deadline=$1
-shift
+want=$1
+deadline=$2
+shift 2
 expects=()
 while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
   expects+=("$1")
@@ -20,8 +22,12 @@ if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
   echo "expect_output: the command did not end within $deadline s"
   exit 1
 fi
-if [ "$rc" -eq 0 ]; then
+if [ "$want" = fail ] && [ "$rc" -eq 0 ]; then
   echo "expect_output: the command exited 0 but was expected to fail"
+  exit 1
+fi
+if [ "$want" = pass ] && [ "$rc" -ne 0 ]; then
+  echo "expect_output: the command exited $rc but was expected to succeed"
   exit 1
 fi
 status=0
