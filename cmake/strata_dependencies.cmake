@@ -1,6 +1,6 @@
 # Detects the optional dependencies: MPI (mpi backend), CUDA toolkit and NCCL (cuda device,
-# nccl backend). Sets STRATA_HAVE_MPI, STRATA_HAVE_CUDA, STRATA_HAVE_NCCL and, when found,
-# the imported target NCCL::nccl.
+# nccl backend), Eigen (core/eigen). Sets STRATA_HAVE_MPI, STRATA_HAVE_CUDA, STRATA_HAVE_NCCL,
+# STRATA_HAVE_EIGEN and, when found, the imported targets NCCL::nccl and Eigen3::Eigen.
 
 set(STRATA_HAVE_MPI OFF)
 if(STRATA_ENABLE_MPI)
@@ -37,5 +37,12 @@ if(STRATA_ENABLE_CUDA)
   endif()
 endif()
 
+# Eigen: strata/core/eigen maps tensor views; whoever includes it links Eigen3::Eigen.
+set(STRATA_HAVE_EIGEN OFF)
+find_package(Eigen3 3.4 QUIET NO_MODULE)
+if(Eigen3_FOUND)
+  set(STRATA_HAVE_EIGEN ON)
+endif()
+
 message(STATUS "strata: MPI ${STRATA_HAVE_MPI}, CUDA ${STRATA_HAVE_CUDA} (${CUDAToolkit_VERSION}), "
-               "NCCL ${STRATA_HAVE_NCCL}")
+               "NCCL ${STRATA_HAVE_NCCL}, Eigen ${STRATA_HAVE_EIGEN}")

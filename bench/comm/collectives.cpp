@@ -37,6 +37,22 @@ double bus_factor(coll k, int n) {
   return 1.0;
 }
 
+/// One call of `k` through any communicator: `all` is the whole buffer (reduced or broadcast
+/// in place), `gathered` its first size() shares, `mine` this rank's share.
+template <sc::communicator C>
+void call(C& c, coll k, std::span<float> all, std::span<float> mine, std::span<float> gathered) {
+  switch (k) {
+  case coll::all_reduce:
+    return c.all_reduce(all, sc::reduce_op::sum);
+  case coll::reduce_scatter:
+    return c.reduce_scatter(std::span<float const>(gathered), mine, sc::reduce_op::sum);
+  case coll::all_gather:
+    return c.all_gather(std::span<float const>(mine), gathered);
+  case coll::broadcast:
+    return c.broadcast(all, 0);
+  }
+}
+
 /// Seconds per call of `k` on `n` local ranks for `bytes` (nccl-tests size: the whole buffer,
 /// in place), timed on rank 0 between two barriers.
 double time_collective(coll k, int n, std::size_t bytes, std::int64_t iterations) {
@@ -48,18 +64,7 @@ double time_collective(coll k, int n, std::size_t bytes, std::int64_t iterations
     std::span<float> all(buf);
     std::span<float> mine = all.subspan(static_cast<std::size_t>(c.rank()) * share, share);
     std::span<float> gathered = all.first(share * static_cast<std::size_t>(n));
-    auto once = [&] {
-      switch (k) {
-      case coll::all_reduce:
-        return c.all_reduce(all, sc::reduce_op::sum);
-      case coll::reduce_scatter:
-        return c.reduce_scatter(std::span<float const>(gathered), mine, sc::reduce_op::sum);
-      case coll::all_gather:
-        return c.all_gather(std::span<float const>(mine), gathered);
-      case coll::broadcast:
-        return c.broadcast(all, 0);
-      }
-    };
+    auto once = [&] { call(c, k, all, mine, gathered); };
     once();
     once();
     c.barrier();
@@ -211,18 +216,7 @@ void bm_mpi(benchmark::State& state, coll k, std::size_t bytes) {
       return (void)MPI_Bcast(buf.data(), icount, MPI_FLOAT, 0, raw);
     }
   };
-  auto via_strata = [&] {
-    switch (k) {
-    case coll::all_reduce:
-      return c.all_reduce(all, sc::reduce_op::sum);
-    case coll::reduce_scatter:
-      return c.reduce_scatter(std::span<float const>(gathered), mine, sc::reduce_op::sum);
-    case coll::all_gather:
-      return c.all_gather(std::span<float const>(mine), gathered);
-    case coll::broadcast:
-      return c.broadcast(all, 0);
-    }
-  };
+  auto via_strata = [&] { call(c, k, all, mine, gathered); };
   // The slowest rank's time of one call.
   auto timed = [&](auto&& call) {
     MPI_Barrier(raw);

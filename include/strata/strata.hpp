@@ -1,9 +1,16 @@
 // The umbrella header: every host-only public header of strata.
 #pragma once
 
+#include <strata/core/buffer.hpp>
+#include <strata/core/device.hpp>
 #include <strata/core/dtype.hpp>
+#include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/float16.hpp>
+#include <strata/core/memory.hpp>
+#include <strata/core/philox.hpp>
+#include <strata/core/random.hpp>
+#include <strata/core/tensor.hpp>
 
 #include <strata/comm/communicator.hpp>
 #include <strata/comm/counters.hpp>
@@ -14,3 +21,11 @@
 #include <strata/comm/reduce_op.hpp>
 #include <strata/comm/rendezvous/env.hpp>
 #include <strata/comm/rendezvous/tcp_store.hpp>
+
+#include <strata/optim/adamw.hpp>
+#include <strata/optim/clipping.hpp>
+#include <strata/optim/optimizer.hpp>
+#include <strata/optim/scaling.hpp>
+#include <strata/optim/schedule.hpp>
+#include <strata/optim/sgd.hpp>
+#include <strata/optim/state.hpp>

@@ -20,6 +20,20 @@ public:
   using error::error;
 };
 
+/// An allocation that the device could not satisfy. The message names the bytes asked for,
+/// the memory kind, the device, what is already held and what to do.
+class allocation_error : public error {
+public:
+  using error::error;
+};
+
+/// A tensor shape, stride or index range that does not fit: a rank above the limit, a slice
+/// past the end, a view that is not contiguous where contiguity is required.
+class shape_error : public error {
+public:
+  using error::error;
+};
+
 /// A failure inside a communicator.
 class comm_error : public error {
 public:

@@ -1,5 +1,5 @@
-// Checking of CUDA runtime and NCCL return codes: one function each, with the call's text,
-// file and line.
+// Checking of NCCL return codes, with the call's text, file and line (CUDA runtime codes:
+// strata/core/cuda/error.hpp, included here).
 #pragma once
 
 #if !__has_include(<nccl.h>) || !__has_include(<cuda_runtime_api.h>)
@@ -7,6 +7,7 @@
     "strata/comm/nccl needs the CUDA toolkit and NCCL: configure with STRATA_ENABLE_CUDA=ON on a machine that has them, and link CUDA::cudart and NCCL::nccl"
 #endif
 
+#include <strata/core/cuda/error.hpp>
 #include <strata/core/error.hpp>
 
 #include <cuda_runtime_api.h>
@@ -14,15 +15,7 @@
 
 #include <string>
 
-namespace strata {
-
-/// A failed CUDA runtime call.
-class cuda_error : public error {
-public:
-  using error::error;
-};
-
-namespace comm {
+namespace strata::comm {
 
 /// A failed NCCL call.
 class nccl_error : public comm_error {
@@ -32,13 +25,6 @@ public:
 
 namespace detail {
 
-inline void check_cuda(cudaError_t rc, char const* call, char const* file, int line) {
-  if (rc != cudaSuccess)
-    throw cuda_error(std::string("strata: ") + call + " failed at " + file + ":" +
-                     std::to_string(line) + ": " + cudaGetErrorName(rc) + " (" +
-                     cudaGetErrorString(rc) + ")");
-}
-
 inline void check_nccl(ncclResult_t rc, char const* call, char const* file, int line) {
   if (rc != ncclSuccess && rc != ncclInProgress)
     throw nccl_error(std::string("strata: ") + call + " failed at " + file + ":" +
@@ -47,12 +33,8 @@ inline void check_nccl(ncclResult_t rc, char const* call, char const* file, int 
 }
 
 } // namespace detail
-} // namespace comm
-} // namespace strata
+} // namespace strata::comm
 
-/// Checks a CUDA runtime call; throws strata::cuda_error with the call's text on failure.
-#define STRATA_CUDA_CHECK(call)                                                                    \
-  ::strata::comm::detail::check_cuda((call), #call, __FILE__, __LINE__)
 /// Checks an NCCL call; throws strata::comm::nccl_error with the call's text on failure.
 #define STRATA_NCCL_CHECK(call)                                                                    \
   ::strata::comm::detail::check_nccl((call), #call, __FILE__, __LINE__)

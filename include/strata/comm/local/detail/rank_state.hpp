@@ -65,8 +65,9 @@ public:
       run_collective(rec);
   }
 
-  /// The group made by the last split(), taken by the caller.
+  /// The group made by the last split(), taken by the caller, and this rank's place in it.
   std::shared_ptr<group_state> take_split_result() noexcept { return std::move(split_out_); }
+  int split_rank() const noexcept { return split_rank_; }
 
 private:
   rank_slot& slot(int j) noexcept { return g_->slots[j]; }
@@ -204,10 +205,6 @@ private:
     leave(s2, barrier);
   }
 
-public:
-  int split_rank() const noexcept { return split_rank_; }
-
-private:
   std::string p2p_what(char const* verb, char const* dir, std::uint64_t k, p2p const& op) const {
     return std::string(verb) + " #" + std::to_string(k + 1) + " (count " +
            std::to_string(op.count) + ", " + std::string(name_of(op.type)) + ") " + dir + " rank " +

@@ -1,0 +1,210 @@
+// SGD with momentum, dampening, Nesterov momentum and L2 weight decay, as torch.optim.SGD.
+#pragma once
+
+#include <strata/core/error.hpp>
+#include <strata/optim/detail/number_text.hpp>
+#include <strata/optim/optimizer.hpp>
+#include <strata/optim/state.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace strata::optim {
+
+/// The settings of sgd. The defaults are torch.optim.SGD's: plain SGD.
+struct sgd_options {
+  double momentum = 0.0;     ///< mu >= 0; 0 keeps no momentum buffer
+  double dampening = 0.0;    ///< d in [0, 1]: the gradient enters the buffer times (1 - d)
+  double weight_decay = 0.0; ///< L2 penalty: wd * p is added to the gradient
+  bool nesterov = false;     ///< Nesterov momentum; needs momentum > 0 and dampening 0
+};
+
+namespace detail {
+
+template <std::floating_point T>
+struct sgd_coefficients {
+  T grad_scale;
+  T weight_decay;
+  T momentum;
+  T one_minus_dampening;
+  T neg_lr;
+};
+
+// The update of torch.optim.SGD (torch/optim/sgd.py, _single_tensor_sgd), element by element,
+// in its order of operations:
+//   g = grad * scale;  g = g + wd * p                  (when wd != 0)
+//   b = g                                              (step 1: the buffer is the first gradient)
+//   b = b * mu + (1 - d) * g                           (later steps)
+//   g = g + mu * b  (nesterov)   or   g = b            (when mu != 0)
+//   p = p + (-lr) * g
+template <bool WeightDecay, bool Momentum, bool Nesterov, bool First, class T>
+void sgd_update(std::span<T> p, std::span<T const> grad, T* buf,
+                sgd_coefficients<T> const& c) noexcept {
+  std::size_t const n = p.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    T g = grad[i] * c.grad_scale;
+    if constexpr (WeightDecay)
+      g = g + c.weight_decay * p[i];
+    if constexpr (Momentum) {
+      T b;
+      if constexpr (First)
+        b = g;
+      else
+        b = buf[i] * c.momentum + c.one_minus_dampening * g;
+      buf[i] = b;
+      if constexpr (Nesterov)
+        g = g + c.momentum * b;
+      else
+        g = b;
+    }
+    p[i] = p[i] + c.neg_lr * g;
+  }
+}
+
+} // namespace detail
+
+/// Stochastic gradient descent over a flat buffer of n elements of T, with torch.optim.SGD's
+/// semantics (see detail::sgd_update for the formula): L2 weight decay added to the gradient,
+/// a momentum buffer that starts as the first gradient, dampening, optional Nesterov momentum.
+/// It holds n elements of T for the momentum buffer when momentum != 0, none otherwise.
+///
+/// The momentum buffer is set to the gradient on step 1 (PyTorch's `momentum_buffer is
+/// None`). A fresh optimizer asked for a later step starts from a zero buffer, which is the
+/// same thing when dampening is 0.
+template <std::floating_point T = float>
+class sgd {
+public:
+  using value_type = T;
+  using options_type = sgd_options;
+
+  /// An optimizer for n elements. Throws config_error for settings PyTorch rejects (negative
+  /// momentum or weight decay, Nesterov without momentum or with dampening) and for
+  /// non-finite values or dampening outside [0, 1].
+  sgd(std::size_t n, sgd_options const& options) : options_(checked(options)), size_(n) {
+    if (options_.momentum != 0)
+      momentum_buffer_.assign(n, T(0));
+  }
+
+  std::size_t size() const noexcept { return size_; }
+  sgd_options const& options() const noexcept { return options_; }
+  std::int64_t step_count() const noexcept { return step_count_; }
+  std::size_t state_bytes() const noexcept { return momentum_buffer_.size() * sizeof(T); }
+
+  /// The momentum buffer (empty when momentum is 0).
+  std::span<T const> momentum_buffer() const noexcept { return momentum_buffer_; }
+
+  /// One step of all n elements.
+  void step(std::span<T> params, std::span<T const> grads, step_context const& ctx) {
+    if (params.size() != size_)
+      throw config_error("strata: sgd.step got " + std::to_string(params.size()) +
+                         " parameters for an optimizer of " + std::to_string(size_) +
+                         " elements; pass all of them, or an offset to step a sub-range");
+    step(params, grads, ctx, 0);
+  }
+
+  /// One step of elements [offset, offset + params.size()), with that slice of the state.
+  void step(std::span<T> params, std::span<T const> grads, step_context const& ctx,
+            std::size_t offset) {
+    detail::check_step("sgd", ctx, params.size(), grads.size(), offset, size_);
+    detail::sgd_coefficients<T> const c{
+        static_cast<T>(ctx.grad_scale), static_cast<T>(options_.weight_decay),
+        static_cast<T>(options_.momentum), static_cast<T>(1.0 - options_.dampening),
+        static_cast<T>(-ctx.lr)};
+    T* const buf = momentum_buffer_.empty() ? nullptr : momentum_buffer_.data() + offset;
+    // Each combination of settings is its own loop, with no branch inside.
+    auto update = [&](auto weight_decay, auto momentum, auto nesterov, auto first) {
+      detail::sgd_update<decltype(weight_decay)::value, decltype(momentum)::value,
+                         decltype(nesterov)::value, decltype(first)::value>(params, grads, buf, c);
+    };
+    auto with_decay = [&](auto momentum, auto nesterov, auto first) {
+      if (options_.weight_decay != 0)
+        update(std::true_type{}, momentum, nesterov, first);
+      else
+        update(std::false_type{}, momentum, nesterov, first);
+    };
+    auto with_first = [&](auto nesterov) {
+      if (ctx.step == 1)
+        with_decay(std::true_type{}, nesterov, std::true_type{});
+      else
+        with_decay(std::true_type{}, nesterov, std::false_type{});
+    };
+    if (buf == nullptr)
+      with_decay(std::false_type{}, std::false_type{}, std::false_type{});
+    else if (options_.nesterov)
+      with_first(std::true_type{});
+    else
+      with_first(std::false_type{});
+    step_count_ = ctx.step;
+  }
+
+  /// The state: "step" (i64 scalar) and, with momentum, "momentum_buffer" (n elements of T).
+  state_dict save() const {
+    state_dict s;
+    s.put_scalar("step", step_count_);
+    if (!momentum_buffer_.empty())
+      s.put("momentum_buffer", std::span<T const>(momentum_buffer_));
+    return s;
+  }
+
+  /// Restores a state saved by an sgd of the same size, value type and momentum setting.
+  void load(state_dict const& state) { restore(state, 0, false); }
+
+  /// Restores elements [offset, offset + n) of a state saved by a larger sgd.
+  void load(state_dict const& state, std::size_t offset) { restore(state, offset, true); }
+
+private:
+  void restore(state_dict const& state, std::size_t offset, bool slice) {
+    std::int64_t const step = state.get_scalar<std::int64_t>("step");
+    if (momentum_buffer_.empty()) {
+      if (state.contains("momentum_buffer"))
+        throw config_error("strata: sgd.load: the saved state has a momentum buffer but this sgd "
+                           "has momentum 0; restore with the momentum the state was saved with");
+    } else {
+      // Read into a copy first: a failed load leaves the optimizer as it was. A state without
+      // the buffer (saved with momentum 0, or by another optimizer) fails here, naming what
+      // it holds.
+      std::vector<T> buf(momentum_buffer_.size());
+      if (slice)
+        state.get("momentum_buffer", std::span<T>(buf), offset);
+      else
+        state.get("momentum_buffer", std::span<T>(buf));
+      momentum_buffer_ = std::move(buf);
+    }
+    step_count_ = step;
+  }
+
+  static sgd_options checked(sgd_options const& o) {
+    auto bad = [](char const* what, double v, char const* rule) {
+      return config_error(std::string("strata: sgd ") + what + " = " + detail::number_text(v) +
+                          "; " + rule);
+    };
+    if (!std::isfinite(o.momentum) || o.momentum < 0)
+      throw bad("momentum", o.momentum, "it must be finite and >= 0 (0.9 is usual)");
+    if (!std::isfinite(o.dampening) || o.dampening < 0 || o.dampening > 1)
+      throw bad("dampening", o.dampening, "it must lie in [0, 1] (0 is PyTorch's default)");
+    if (!std::isfinite(o.weight_decay) || o.weight_decay < 0)
+      throw bad("weight_decay", o.weight_decay, "it must be finite and >= 0");
+    if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+      throw config_error(
+          "strata: sgd with nesterov = true, momentum = " + detail::number_text(o.momentum) +
+          ", dampening = " + detail::number_text(o.dampening) +
+          "; Nesterov momentum needs momentum > 0 and dampening = 0");
+    return o;
+  }
+
+  sgd_options options_;
+  std::size_t size_;
+  std::vector<T> momentum_buffer_;
+  std::int64_t step_count_ = 0;
+};
+
+static_assert(optimizer<sgd<float>>);
+static_assert(optimizer<sgd<double>>);
+
+} // namespace strata::optim
