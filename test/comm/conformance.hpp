@@ -501,7 +501,7 @@ void counters(C& c) {
   int const n = c.size();
   comm::comm_counters const before = c.counters();
   std::vector<float> a(100, 1.0f), b(100 * static_cast<std::size_t>(n), 1.0f);
-  std::vector<double> d(10, 1.0);
+  std::vector<double> d(10, 1.0), e(10);
   c.all_reduce(std::span<float>(a), reduce_op::sum);
   c.all_reduce(std::span<float>(a), reduce_op::max);
   c.reduce_scatter(std::span<float const>(b), std::span<float>(a), reduce_op::sum);
@@ -509,7 +509,7 @@ void counters(C& c) {
   c.broadcast(std::span<double>(d), 0);
   c.barrier();
   comm::p2p const ops[] = {comm::p2p::send(std::span<double const>(d), (c.rank() + 1) % n),
-                           comm::p2p::recv(std::span<double>(d), (c.rank() + n - 1) % n)};
+                           comm::p2p::recv(std::span<double>(e), (c.rank() + n - 1) % n)};
   c.group(std::span<comm::p2p const>(ops));
   c.all_reduce_async(std::span<float>(a), reduce_op::sum).wait();
   comm::comm_counters const& now = c.counters();

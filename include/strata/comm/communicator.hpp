@@ -38,7 +38,8 @@ concept request = requires(R r) {
 /// - `send(buf, peer)` / `recv(buf, peer)`: blocking, matched in order per (sender,
 ///   receiver); counts and types must match. `group(ops)` posts all its sends, then completes
 ///   all its receives, then waits for its sends: a stage can exchange with both neighbours
-///   in one call without deadlock.
+///   in one call without deadlock. A receive buffer must not overlap any buffer the group
+///   sends (as with MPI): the peer may read a send buffer until the group completes.
 /// - `barrier()`; `split(color, key)`: a new communicator of the ranks with the same color
 ///   (color >= 0), ordered by (key, rank); collective over this communicator.
 /// - `*_async(...)`: the same operation, returning a request; buffers must stay valid and
