@@ -29,3 +29,17 @@
 #include <strata/optim/schedule.hpp>
 #include <strata/optim/sgd.hpp>
 #include <strata/optim/state.hpp>
+
+#include <strata/nn/activation.hpp>
+#include <strata/nn/attention.hpp>
+#include <strata/nn/context.hpp>
+#include <strata/nn/cross_entropy.hpp>
+#include <strata/nn/dropout.hpp>
+#include <strata/nn/embedding.hpp>
+#include <strata/nn/layer.hpp>
+#include <strata/nn/layer_norm.hpp>
+#include <strata/nn/linear.hpp>
+#include <strata/nn/mlp.hpp>
+#include <strata/nn/parameter.hpp>
+#include <strata/nn/sequence.hpp>
+#include <strata/nn/transformer_block.hpp>

@@ -2,37 +2,13 @@
 // and non-blocking operations make no heap allocation (operator new is counted here).
 #include <strata/comm/local.hpp>
 
+#include "../support/count_allocations.hpp"
+
 #include <catch2/catch.hpp>
 
-#include <atomic>
-#include <cstdlib>
-#include <new>
 #include <vector>
 
-namespace {
-std::atomic<long> allocations{0};
-}
-
-// The replacements pair malloc with free; g++ cannot see that they replace new and delete.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n ? n : 1))
-    return p;
-  throw std::bad_alloc();
-}
-// Replaced too: ASan supplies its own nothrow new (Catch2 uses it), which its free would not match.
-void* operator new(std::size_t n, std::nothrow_t const&) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  return std::malloc(n ? n : 1);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
+using strata::test::allocations;
 
 namespace sc = strata::comm;
 

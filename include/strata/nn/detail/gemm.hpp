@@ -1,0 +1,220 @@
+// A blocked, packed host GEMM in the compute type (no Eigen): C (+)= op(A) op(B).
+#pragma once
+
+#include <strata/core/element.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace strata::nn::detail {
+
+// 16-byte SIMD vectors through GCC's vector extension (SSE2 at the x86-64 baseline, as Eigen
+// gets without -march); wider ISAs come from the compiler's flags, not from this code.
+template <class C>
+struct simd;
+template <>
+struct simd<float> {
+  typedef float type __attribute__((vector_size(16)));
+  static constexpr std::size_t lanes = 4;
+};
+template <>
+struct simd<double> {
+  typedef double type __attribute__((vector_size(16)));
+  static constexpr std::size_t lanes = 2;
+};
+
+template <class C>
+struct gemm_blocking {
+  static constexpr std::size_t mr = 6;                    // rows of a micro-tile
+  static constexpr std::size_t nr = 2 * simd<C>::lanes;   // columns of a micro-tile
+  static constexpr std::size_t kc = 192;                  // depth of a packed panel
+  static constexpr std::size_t mc = 192;                  // rows of a packed A block (L2)
+  static constexpr std::size_t nc = 2048 / sizeof(C) * 4; // columns of a packed B block (L3)
+};
+
+template <class C, class T>
+inline C to_compute_value(T v) noexcept {
+  if constexpr (std::is_same_v<T, C>)
+    return v;
+  else
+    return static_cast<C>(element_traits<T>::to_compute(v));
+}
+
+template <class T, class C>
+inline T from_compute_value(C v) noexcept {
+  if constexpr (std::is_same_v<T, C>)
+    return v;
+  else
+    return element_traits<T>::from_compute(static_cast<compute_t<T>>(v));
+}
+
+// Packing buffers, one pair a thread, grown on first use only: after the first call with the
+// largest shape a GEMM allocates nothing.
+template <class C>
+struct gemm_packs {
+  std::vector<C> a, b;
+};
+template <class C>
+gemm_packs<C>& thread_packs() {
+  thread_local gemm_packs<C> p;
+  return p;
+}
+
+// acc (mr x nr) = sum over kc of a-panel (kc x mr, k-major) times b-panel (kc x nr, k-major).
+template <class C>
+inline void micro_kernel(std::size_t kc, C const* __restrict a, C const* __restrict b,
+                         C* __restrict out) noexcept {
+  using V = typename simd<C>::type;
+  constexpr std::size_t L = simd<C>::lanes;
+  V c00{}, c01{}, c10{}, c11{}, c20{}, c21{}, c30{}, c31{}, c40{}, c41{}, c50{}, c51{};
+  for (std::size_t p = 0; p < kc; ++p) {
+    V b0, b1;
+    std::memcpy(&b0, b, sizeof(V));
+    std::memcpy(&b1, b + L, sizeof(V));
+    C const a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5];
+    c00 += a0 * b0;
+    c01 += a0 * b1;
+    c10 += a1 * b0;
+    c11 += a1 * b1;
+    c20 += a2 * b0;
+    c21 += a2 * b1;
+    c30 += a3 * b0;
+    c31 += a3 * b1;
+    c40 += a4 * b0;
+    c41 += a4 * b1;
+    c50 += a5 * b0;
+    c51 += a5 * b1;
+    a += 6;
+    b += 2 * L;
+  }
+  V const acc[12] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
+  std::memcpy(out, acc, sizeof(acc));
+}
+
+// The same, adding the tile into (or, !accumulate, storing it to) a full mr x nr block of a
+// row-major C with row stride ldc.
+template <class C>
+inline void micro_kernel_store(std::size_t kc, C const* __restrict a, C const* __restrict b,
+                               C* __restrict c, std::size_t ldc, bool accumulate) noexcept {
+  using V = typename simd<C>::type;
+  constexpr std::size_t L = simd<C>::lanes;
+  alignas(64) C tile[6 * 2 * L];
+  micro_kernel<C>(kc, a, b, tile);
+  for (std::size_t i = 0; i < 6; ++i) {
+    V t0, t1, c0, c1;
+    std::memcpy(&t0, tile + i * 2 * L, sizeof(V));
+    std::memcpy(&t1, tile + i * 2 * L + L, sizeof(V));
+    if (accumulate) {
+      std::memcpy(&c0, c + i * ldc, sizeof(V));
+      std::memcpy(&c1, c + i * ldc + L, sizeof(V));
+      t0 += c0;
+      t1 += c1;
+    }
+    std::memcpy(c + i * ldc, &t0, sizeof(V));
+    std::memcpy(c + i * ldc + L, &t1, sizeof(V));
+  }
+}
+
+/// c[i * ldc + j] = (accumulate ? c[i * ldc + j] : 0) + sum_p A(i, p) B(p, j), where
+/// A(i, p) = a[i * rsa + p * csa] and B(p, j) = b[p * rsb + j * csb]: transposes are strides.
+/// Products and sums in C; 16-bit inputs widen to C while packing, the result rounds once
+/// per panel of depth kc. Single-threaded.
+template <class C, class TA, class TB, class TC>
+void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t rsa,
+          std::size_t csa, TB const* b, std::size_t rsb, std::size_t csb, TC* c, std::size_t ldc,
+          bool accumulate) {
+  using blk = gemm_blocking<C>;
+  constexpr std::size_t mr = blk::mr, nr = blk::nr;
+  if (m == 0 || n == 0)
+    return;
+  if (k == 0) {
+    if (!accumulate)
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j)
+          c[i * ldc + j] = from_compute_value<TC>(C{0});
+    return;
+  }
+  auto& packs = thread_packs<C>();
+  std::size_t const nc_max = std::min(blk::nc, (n + nr - 1) / nr * nr);
+  std::size_t const mc_max = std::min(blk::mc, (m + mr - 1) / mr * mr);
+  std::size_t const kc_max = std::min(blk::kc, k);
+  if (packs.b.size() < nc_max * kc_max)
+    packs.b.resize(nc_max * kc_max);
+  if (packs.a.size() < mc_max * kc_max)
+    packs.a.resize(mc_max * kc_max);
+  C* const pb = packs.b.data();
+  C* const pa = packs.a.data();
+  alignas(64) C tile[mr * nr];
+
+  for (std::size_t jc = 0; jc < n; jc += blk::nc) {
+    std::size_t const nb = std::min(blk::nc, n - jc);
+    for (std::size_t pc = 0; pc < k; pc += blk::kc) {
+      std::size_t const kb = std::min(blk::kc, k - pc);
+      bool const acc = accumulate || pc > 0;
+      // Pack B: panels of nr columns, k-major, zero-padded.
+      for (std::size_t jr = 0; jr < nb; jr += nr) {
+        C* dst = pb + jr * kb;
+        std::size_t const w = std::min(nr, nb - jr);
+        TB const* src = b + pc * rsb + (jc + jr) * csb;
+        if (w < nr)
+          std::fill(dst, dst + kb * nr, C{0});
+        if (csb <= rsb) // read along rows of B
+          for (std::size_t p = 0; p < kb; ++p)
+            for (std::size_t j = 0; j < w; ++j)
+              dst[p * nr + j] = to_compute_value<C>(src[p * rsb + j * csb]);
+        else // read along columns of B (B is a transposed row-major matrix)
+          for (std::size_t j = 0; j < w; ++j)
+            for (std::size_t p = 0; p < kb; ++p)
+              dst[p * nr + j] = to_compute_value<C>(src[p * rsb + j * csb]);
+      }
+      for (std::size_t ic = 0; ic < m; ic += blk::mc) {
+        std::size_t const mb = std::min(blk::mc, m - ic);
+        // Pack A: panels of mr rows, k-major, zero-padded.
+        for (std::size_t ir = 0; ir < mb; ir += mr) {
+          C* dst = pa + ir * kb;
+          std::size_t const h = std::min(mr, mb - ir);
+          TA const* src = a + (ic + ir) * rsa + pc * csa;
+          if (h < mr)
+            std::fill(dst, dst + kb * mr, C{0});
+          if (csa <= rsa) // read along rows of A
+            for (std::size_t i = 0; i < h; ++i)
+              for (std::size_t p = 0; p < kb; ++p)
+                dst[p * mr + i] = to_compute_value<C>(src[i * rsa + p * csa]);
+          else
+            for (std::size_t p = 0; p < kb; ++p)
+              for (std::size_t i = 0; i < h; ++i)
+                dst[p * mr + i] = to_compute_value<C>(src[i * rsa + p * csa]);
+        }
+        for (std::size_t jr = 0; jr < nb; jr += nr) {
+          std::size_t const w = std::min(nr, nb - jr);
+          for (std::size_t ir = 0; ir < mb; ir += mr) {
+            std::size_t const h = std::min(mr, mb - ir);
+            TC* out = c + (ic + ir) * ldc + jc + jr;
+            if constexpr (std::is_same_v<TC, C>) {
+              if (h == mr && w == nr) {
+                micro_kernel_store<C>(kb, pa + ir * kb, pb + jr * kb, out, ldc, acc);
+                continue;
+              }
+            }
+            micro_kernel<C>(kb, pa + ir * kb, pb + jr * kb, tile);
+            for (std::size_t i = 0; i < h; ++i) {
+              TC* row = out + i * ldc;
+              C const* t = tile + i * nr;
+              if (acc)
+                for (std::size_t j = 0; j < w; ++j)
+                  row[j] = from_compute_value<TC>(to_compute_value<C>(row[j]) + t[j]);
+              else
+                for (std::size_t j = 0; j < w; ++j)
+                  row[j] = from_compute_value<TC>(t[j]);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+} // namespace strata::nn::detail

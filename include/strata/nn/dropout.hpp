@@ -1,0 +1,98 @@
+// dropout: counter-based masks keyed by (layer name, seed, step, micro-batch, element).
+#pragma once
+
+#include <strata/core/element.hpp>
+#include <strata/core/error.hpp>
+#include <strata/core/random.hpp>
+#include <strata/core/tensor.hpp>
+#include <strata/nn/context.hpp>
+#include <strata/nn/detail/gemm.hpp>
+#include <strata/nn/detail/workspace.hpp>
+#include <strata/nn/layer.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace strata::nn {
+
+/// Inverted dropout with probability p: y = x * mask / (1 - p). Element e of micro-batch mb at
+/// step s is kept when uniform(key_of(name, seed).with_stream(s * 2^20 + mb), e) >= p, so a
+/// re-run (recompute) draws the same mask and tensor- or pipeline-parallel layouts can draw
+/// their slice alone. The identity when !ctx.training or p == 0. The mask is saved (one byte
+/// an element) so backward does not draw again.
+template <floating_element T, floating_element C = compute_t<T>>
+class dropout {
+public:
+  using value_type = T;
+  using compute_type = C;
+  struct saved_type {
+    detail::workspace<std::uint8_t> mask{memory_kind::activations};
+    bool active = false;
+  };
+
+  dropout(std::string name, std::size_t features, double p)
+      : name_(std::move(name)), features_(features), p_(p) {
+    if (!(p >= 0.0 && p < 1.0))
+      throw config_error("strata: dropout \"" + name_ + "\" with p = " + std::to_string(p) +
+                         ": p must be in [0, 1)");
+  }
+
+  std::string const& name() const noexcept { return name_; }
+  std::size_t in_features() const noexcept { return features_; }
+  std::size_t out_features() const noexcept { return features_; }
+  double p() const noexcept { return p_; }
+  template <class F>
+  void for_each_parameter(F&&) {}
+
+  /// The random key of (step, micro-batch) under ctx.
+  random_key key(layer_context const& ctx) const noexcept {
+    return key_of(name_, ctx.seed).with_stream((ctx.step << 20) + ctx.micro_batch);
+  }
+
+  void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
+    std::size_t const rows = x.extent(0);
+    s.active = ctx.training && p_ > 0.0;
+    if (!s.active) {
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t j = 0; j < features_; ++j)
+          y(r, j) = x(r, j);
+      return;
+    }
+    random_key const k = key(ctx);
+    C const scale = static_cast<C>(1.0 / (1.0 - p_));
+    float const p = static_cast<float>(p_);
+    std::uint8_t* m = s.mask.get(rows, features_).data();
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < features_; ++j) {
+        std::size_t const e = r * features_ + j;
+        m[e] = uniform<float>(k, e) >= p ? 1 : 0;
+        y(r, j) = detail::from_compute_value<T>(m[e] ? detail::to_compute_value<C>(x(r, j)) * scale
+                                                     : C{0});
+      }
+  }
+
+  void backward(layer_context const&, tensor_view<T const> x, saved_type const& s,
+                tensor_view<T const> dy, tensor_view<T> dx) {
+    std::size_t const rows = x.extent(0);
+    if (!s.active) {
+      for (std::size_t r = 0; r < rows; ++r)
+        for (std::size_t j = 0; j < features_; ++j)
+          dx(r, j) = dy(r, j);
+      return;
+    }
+    C const scale = static_cast<C>(1.0 / (1.0 - p_));
+    std::uint8_t const* m = s.mask.data();
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < features_; ++j)
+        dx(r, j) = detail::from_compute_value<T>(
+            m[r * features_ + j] ? detail::to_compute_value<C>(dy(r, j)) * scale : C{0});
+  }
+
+private:
+  std::string name_;
+  std::size_t features_;
+  double p_;
+};
+
+} // namespace strata::nn

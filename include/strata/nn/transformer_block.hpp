@@ -1,0 +1,119 @@
+// transformer_block: GPT-2's pre-LN block, x + attn(ln1(x)), then + mlp(ln2(.)).
+#pragma once
+
+#include <strata/core/element.hpp>
+#include <strata/core/tensor.hpp>
+#include <strata/nn/attention.hpp>
+#include <strata/nn/context.hpp>
+#include <strata/nn/detail/workspace.hpp>
+#include <strata/nn/dropout.hpp>
+#include <strata/nn/layer.hpp>
+#include <strata/nn/layer_norm.hpp>
+#include <strata/nn/mlp.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <string>
+
+namespace strata::nn {
+
+/// The block's shape and options.
+struct block_options {
+  std::size_t features = 768;
+  std::size_t heads = 12;
+  std::size_t hidden = 0;   // 0: 4 * features
+  double dropout = 0.0;     // residual dropout after attn.proj and mlp.proj
+  std::size_t n_layers = 0; // > 0: GPT-2's residual scaling, proj std 0.02 / sqrt(2 n_layers)
+};
+
+/// y = x1 + drop(mlp(ln2(x1))), x1 = x + drop(attn(ln1(x))). Children are "<name>.ln1",
+/// "<name>.attn", "<name>.ln2", "<name>.mlp" (so "blocks.3.attn.qkv.weight").
+template <floating_element T, floating_element C = compute_t<T>>
+class transformer_block {
+public:
+  using value_type = T;
+  using compute_type = C;
+  struct saved_type {
+    detail::workspace<T> h1{memory_kind::activations}, a{memory_kind::activations},
+        x1{memory_kind::activations}, h2{memory_kind::activations}, m{memory_kind::activations};
+    typename layer_norm<T, C>::saved_type ln1, ln2;
+    typename causal_self_attention<T, C>::saved_type attn;
+    typename mlp<T, C>::saved_type ff;
+    typename dropout<T, C>::saved_type drop1, drop2;
+  };
+
+  transformer_block(std::string name, block_options o)
+      : name_(std::move(name)), d_(o.features), ln1_(name_ + ".ln1", o.features),
+        attn_(name_ + ".attn", o.features, o.heads, proj_rule(o)), ln2_(name_ + ".ln2", o.features),
+        mlp_(name_ + ".mlp", o.features, o.hidden ? o.hidden : 4 * o.features, proj_rule(o)),
+        drop1_(name_ + ".attn.drop", o.features, o.dropout),
+        drop2_(name_ + ".mlp.drop", o.features, o.dropout) {}
+
+  std::string const& name() const noexcept { return name_; }
+  std::size_t in_features() const noexcept { return d_; }
+  std::size_t out_features() const noexcept { return d_; }
+  causal_self_attention<T, C>& attn() noexcept { return attn_; }
+  template <class F>
+  void for_each_parameter(F&& f) {
+    ln1_.for_each_parameter(f);
+    attn_.for_each_parameter(f);
+    ln2_.for_each_parameter(f);
+    mlp_.for_each_parameter(f);
+  }
+
+  void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
+    std::size_t const rows = x.extent(0);
+    auto h1 = s.h1.get(rows, d_);
+    auto a = s.a.get(rows, d_);
+    auto x1 = s.x1.get(rows, d_);
+    auto h2 = s.h2.get(rows, d_);
+    auto m = s.m.get(rows, d_);
+    ln1_.forward(ctx, x, h1, s.ln1);
+    attn_.forward(ctx, h1, a, s.attn);
+    drop1_.forward(ctx, a, x1, s.drop1);
+    add_into(x1, x);
+    ln2_.forward(ctx, x1, h2, s.ln2);
+    mlp_.forward(ctx, h2, m, s.ff);
+    drop2_.forward(ctx, m, y, s.drop2);
+    add_into(y, x1);
+  }
+
+  void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
+                tensor_view<T const> dy, tensor_view<T> dx) {
+    std::size_t const rows = x.extent(0);
+    auto t = t_.get(rows, d_);
+    auto u = u_.get(rows, d_);
+    auto dx1 = dx1_.get(rows, d_);
+    drop2_.backward(ctx, s.m.view(rows, d_), s.drop2, dy, t);  // t = dm
+    mlp_.backward(ctx, s.h2.view(rows, d_), s.ff, t, u);       // u = dh2
+    ln2_.backward(ctx, s.x1.view(rows, d_), s.ln2, u, dx1);    // dx1 = via ln2
+    add_into(dx1, dy);                                         // + residual
+    drop1_.backward(ctx, s.a.view(rows, d_), s.drop1, dx1, t); // t = da
+    attn_.backward(ctx, s.h1.view(rows, d_), s.attn, t, u);    // u = dh1
+    ln1_.backward(ctx, x, s.ln1, u, dx);                       // dx = via ln1
+    add_into(dx, dx1);                                         // + residual
+  }
+
+private:
+  static init_rule proj_rule(block_options const& o) {
+    return {init_rule::kind::normal,
+            o.n_layers > 0 ? 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layers)) : 0.02};
+  }
+  static void add_into(tensor_view<T> y, tensor_view<T const> x) {
+    for (std::size_t r = 0; r < y.extent(0); ++r)
+      for (std::size_t j = 0; j < y.extent(1); ++j)
+        y(r, j) = detail::from_compute_value<T>(detail::to_compute_value<C>(y(r, j)) +
+                                                detail::to_compute_value<C>(x(r, j)));
+  }
+
+  std::string name_;
+  std::size_t d_;
+  layer_norm<T, C> ln1_;
+  causal_self_attention<T, C> attn_;
+  layer_norm<T, C> ln2_;
+  mlp<T, C> mlp_;
+  dropout<T, C> drop1_, drop2_;
+  detail::workspace<T> t_, u_, dx1_;
+};
+
+} // namespace strata::nn

@@ -1,0 +1,497 @@
+// strata::nn: every layer's backward against central differences in double, float against
+// double, re-run forward bit for bit, counter-based initialisation, names.
+#include "gradcheck.hpp"
+
+#include <strata/core/float16.hpp>
+#include <strata/nn/activation.hpp>
+#include <strata/nn/attention.hpp>
+#include <strata/nn/cross_entropy.hpp>
+#include <strata/nn/dropout.hpp>
+#include <strata/nn/embedding.hpp>
+#include <strata/nn/layer.hpp>
+#include <strata/nn/layer_norm.hpp>
+#include <strata/nn/linear.hpp>
+#include <strata/nn/mlp.hpp>
+#include <strata/nn/sequence.hpp>
+#include <strata/nn/transformer_block.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace nn = strata::nn;
+using nn::test::check_layer;
+using nn::test::randomize;
+using nn::test::rel_error;
+
+static_assert(nn::layer<nn::linear<double>>);
+static_assert(nn::layer<nn::linear<float>>);
+static_assert(nn::layer<nn::linear<strata::bf16>>);
+static_assert(nn::layer<nn::relu<float>>);
+static_assert(nn::layer<nn::gelu<double>>);
+static_assert(nn::layer<nn::dropout<float>>);
+static_assert(nn::layer<nn::layer_norm<double>>);
+static_assert(nn::layer<nn::causal_self_attention<float>>);
+static_assert(nn::layer<nn::mlp<double>>);
+static_assert(nn::layer<nn::transformer_block<float>>);
+static_assert(nn::has_parameters<nn::embedding<float>>);
+
+namespace {
+
+constexpr double fd_tolerance = 1e-6;    // f64 backward against central differences
+constexpr double float_tolerance = 1e-5; // f32 gradients against f64 ones, per tensor
+
+nn::layer_context small_ctx(std::size_t batch, std::size_t seq) {
+  nn::layer_context ctx;
+  ctx.batch = batch;
+  ctx.seq = seq;
+  ctx.step = 3;
+  ctx.micro_batch = 1;
+  ctx.seed = strata::test::seed();
+  return ctx;
+}
+
+template <class L>
+void require_gradients(L& l, nn::layer_context const& ctx, double input_scale = 1) {
+  nn::test::randomize_parameters(l);
+  auto checks = check_layer(l, ctx, ctx.rows(), input_scale);
+  for (auto const& c : checks) {
+    INFO(l.name() << ": " << c.name << " relative error " << c.error << " (|g_fd| " << c.norm
+                  << ")");
+    CHECK(c.norm > 0);
+    CHECK(c.error < fd_tolerance);
+  }
+}
+
+// Runs the same layer in float and double from the same parameters and input; the float
+// output, input gradient and parameter gradients agree with double's to float_tolerance.
+template <template <class, class> class Make>
+void require_float_matches_double(nn::layer_context const& ctx) {
+  auto ld = Make<double, double>::make();
+  auto lf = Make<float, float>::make();
+  nn::test::randomize_parameters(ld);
+  std::vector<std::vector<double>> pd;
+  ld.for_each_parameter([&](auto& p) { pd.emplace_back(p.values().begin(), p.values().end()); });
+  std::size_t k = 0;
+  lf.for_each_parameter([&](auto& p) {
+    for (std::size_t i = 0; i < p.size(); ++i)
+      p.values()[i] = static_cast<float>(pd[k][i]);
+    p.zero_grad();
+    ++k;
+  });
+  std::size_t const rows = ctx.rows(), in = ld.in_features(), out = ld.out_features();
+  std::vector<double> x(rows * in), r(rows * out), yd(rows * out), dxd(rows * in);
+  randomize(std::span<double>(x), "test.float.x");
+  randomize(std::span<double>(r), "test.float.r");
+  // Round the inputs to float first, so both runs see the same numbers.
+  std::vector<float> xf(x.begin(), x.end()), rf(r.begin(), r.end()), yf(rows * out), dxf(rows * in);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = xf[i];
+  for (std::size_t i = 0; i < r.size(); ++i)
+    r[i] = rf[i];
+  typename decltype(ld)::saved_type sd;
+  typename decltype(lf)::saved_type sf;
+  ld.forward(ctx, {x.data(), {rows, in}}, {yd.data(), {rows, out}}, sd);
+  ld.backward(ctx, {x.data(), {rows, in}}, sd, {r.data(), {rows, out}}, {dxd.data(), {rows, in}});
+  lf.forward(ctx, {xf.data(), {rows, in}}, {yf.data(), {rows, out}}, sf);
+  lf.backward(ctx, {xf.data(), {rows, in}}, sf, {rf.data(), {rows, out}}, {dxf.data(), {rows, in}});
+  auto widen = [](auto const& v) { return std::vector<double>(v.begin(), v.end()); };
+  CHECK(rel_error(widen(yf), yd) < float_tolerance);
+  CHECK(rel_error(widen(dxf), dxd) < float_tolerance);
+  std::vector<std::vector<double>> gd;
+  ld.for_each_parameter([&](auto& p) { gd.emplace_back(p.grads().begin(), p.grads().end()); });
+  k = 0;
+  lf.for_each_parameter([&](auto& p) {
+    INFO(p.name());
+    CHECK(rel_error(widen(p.grads()), gd[k]) < float_tolerance);
+    ++k;
+  });
+}
+
+template <class T, class C>
+struct make_linear {
+  static nn::linear<T, C> make() { return {"head", 7, 5}; }
+};
+template <class T, class C>
+struct make_ln {
+  static nn::layer_norm<T, C> make() { return {"norm", 9}; }
+};
+template <class T, class C>
+struct make_attn {
+  static nn::causal_self_attention<T, C> make() { return {"attn", 8, 2}; }
+};
+template <class T, class C>
+struct make_block {
+  static nn::transformer_block<T, C> make() {
+    return {"blocks.0", {.features = 8, .heads = 2, .hidden = 12, .dropout = 0.25}};
+  }
+};
+
+} // namespace
+
+TEST_CASE("linear backward matches central differences, with and without bias", "[nn][grad]") {
+  auto ctx = small_ctx(2, 3);
+  nn::linear<double> with_bias("fc", 7, 5);
+  require_gradients(with_bias, ctx);
+  nn::linear<double> no_bias("fc_nb", 6, 4, false);
+  require_gradients(no_bias, ctx);
+  // Shapes beyond one GEMM block in every dimension (kc, mc, nr edges).
+  nn::linear<double> wide("wide", 200, 13);
+  nn::linear<double> deep("deep", 9, 11);
+  require_gradients(wide, small_ctx(1, 7));
+  require_gradients(deep, small_ctx(5, 41));
+}
+
+TEST_CASE("relu and gelu backward match central differences", "[nn][grad]") {
+  auto ctx = small_ctx(3, 4);
+  nn::relu<double> r("relu", 10);
+  require_gradients(r, ctx, 2.0);
+  nn::gelu<double> g("gelu", 10);
+  require_gradients(g, ctx, 3.0);
+}
+
+TEST_CASE("layer_norm backward matches central differences", "[nn][grad]") {
+  nn::layer_norm<double> ln("ln_f", 9);
+  require_gradients(ln, small_ctx(2, 5));
+}
+
+TEST_CASE("dropout backward matches central differences and drops about p", "[nn][grad]") {
+  auto ctx = small_ctx(4, 8);
+  nn::dropout<double> d("blocks.0.attn.drop", 16, 0.3);
+  require_gradients(d, ctx);
+  std::vector<double> x(ctx.rows() * 16, 1.0), y(x.size());
+  nn::dropout<double>::saved_type s;
+  d.forward(ctx, {x.data(), {ctx.rows(), 16}}, {y.data(), {ctx.rows(), 16}}, s);
+  std::size_t zeros = 0;
+  for (double v : y) {
+    CHECK((v == 0.0 || v == 1.0 / 0.7));
+    zeros += v == 0.0;
+  }
+  CHECK(zeros > 0);
+  CHECK(zeros < y.size());
+  // Another micro-batch draws another mask; evaluation is the identity.
+  auto ctx2 = ctx;
+  ctx2.micro_batch = 2;
+  std::vector<double> y2(x.size());
+  d.forward(ctx2, {x.data(), {ctx.rows(), 16}}, {y2.data(), {ctx.rows(), 16}}, s);
+  CHECK(y2 != y);
+  ctx2.training = false;
+  d.forward(ctx2, {x.data(), {ctx.rows(), 16}}, {y2.data(), {ctx.rows(), 16}}, s);
+  CHECK(y2 == x);
+}
+
+TEST_CASE("embedding backward matches central differences", "[nn][grad]") {
+  auto ctx = small_ctx(2, 5);
+  nn::embedding<double> e("embed", 11, 6, 4);
+  nn::test::randomize_parameters(e);
+  std::vector<std::int32_t> ids(ctx.rows());
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed(), i) % 11);
+  std::vector<double> y(ctx.rows() * 4), r(y.size());
+  randomize(std::span<double>(r), "test.embed.r");
+  nn::embedding<double>::saved_type s;
+  strata::tensor_view<std::int32_t const> iv(ids.data(), {ids.size()});
+  auto loss = [&] {
+    e.forward(ctx, iv, {y.data(), {ctx.rows(), 4}}, s);
+    double acc = 0;
+    for (std::size_t i = 0; i < y.size(); ++i)
+      acc += y[i] * r[i];
+    return acc;
+  };
+  loss();
+  e.backward(ctx, iv, s, {r.data(), {ctx.rows(), 4}});
+  e.for_each_parameter([&](auto& p) {
+    std::vector<double> g(p.grads().begin(), p.grads().end());
+    auto fd = nn::test::finite_difference(p.values(), loss);
+    INFO(p.name());
+    CHECK(nn::test::norm(fd) > 0);
+    CHECK(rel_error(g, fd) < fd_tolerance);
+  });
+}
+
+TEST_CASE("softmax_cross_entropy backward matches central differences", "[nn][grad]") {
+  auto ctx = small_ctx(3, 4);
+  std::size_t const rows = ctx.rows(), classes = 13;
+  nn::softmax_cross_entropy<double> ce("loss", classes);
+  std::vector<double> z(rows * classes), dz(z.size());
+  randomize(std::span<double>(z), "test.logits", -4, 4);
+  std::vector<std::int32_t> t(rows);
+  for (std::size_t i = 0; i < rows; ++i)
+    t[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed() + 1, i) % classes);
+  strata::tensor_view<std::int32_t const> tv(t.data(), {rows});
+  nn::softmax_cross_entropy<double>::saved_type s;
+  auto loss = [&] { return ce.forward(ctx, {z.data(), {rows, classes}}, tv, s); };
+  double const l0 = loss();
+  CHECK(l0 > 0);
+  ce.backward(ctx, {z.data(), {rows, classes}}, tv, s, {dz.data(), {rows, classes}});
+  auto fd = nn::test::finite_difference(std::span<double>(z), loss);
+  CHECK(rel_error(dz, fd) < fd_tolerance);
+}
+
+TEST_CASE("mlp backward matches central differences", "[nn][grad]") {
+  nn::mlp<double> m("blocks.0.mlp", 6, 10);
+  require_gradients(m, small_ctx(2, 3));
+}
+
+TEST_CASE("causal self-attention backward matches central differences", "[nn][grad]") {
+  nn::causal_self_attention<double> a("blocks.0.attn", 8, 2);
+  require_gradients(a, small_ctx(2, 5));
+}
+
+TEST_CASE("attention is causal: a later token does not change an earlier output", "[nn]") {
+  auto ctx = small_ctx(1, 6);
+  nn::causal_self_attention<double> a("attn", 8, 2);
+  nn::test::randomize_parameters(a);
+  std::vector<double> x(6 * 8), y1(x.size()), y2(x.size());
+  randomize(std::span<double>(x), "test.causal.x");
+  nn::causal_self_attention<double>::saved_type s;
+  a.forward(ctx, {x.data(), {6, 8}}, {y1.data(), {6, 8}}, s);
+  for (std::size_t j = 0; j < 8; ++j)
+    x[5 * 8 + j] += 1.0;
+  a.forward(ctx, {x.data(), {6, 8}}, {y2.data(), {6, 8}}, s);
+  for (std::size_t i = 0; i < 5 * 8; ++i)
+    CHECK(y1[i] == y2[i]);
+  CHECK(y1[5 * 8] != y2[5 * 8]);
+}
+
+TEST_CASE("the GPT block's backward matches central differences, dropout on", "[nn][grad]") {
+  auto l = make_block<double, double>::make();
+  require_gradients(l, small_ctx(2, 4));
+}
+
+TEST_CASE("float layers agree with double ones", "[nn][float]") {
+  require_float_matches_double<make_linear>(small_ctx(3, 4));
+  require_float_matches_double<make_ln>(small_ctx(3, 4));
+  require_float_matches_double<make_attn>(small_ctx(2, 5));
+  require_float_matches_double<make_block>(small_ctx(2, 5));
+}
+
+TEST_CASE("re-running forward rebuilds output and saved state bit for bit", "[nn][recompute]") {
+  auto ctx = small_ctx(2, 6);
+  auto b = make_block<float, float>::make();
+  nn::test::randomize_parameters(b);
+  std::size_t const rows = ctx.rows();
+  std::vector<float> x(rows * 8), y1(x.size()), y2(x.size());
+  randomize(std::span<float>(x), "test.recompute.x");
+  decltype(b)::saved_type s1, s2;
+  b.forward(ctx, {x.data(), {rows, 8}}, {y1.data(), {rows, 8}}, s1);
+  auto ctx2 = ctx;
+  ctx2.recompute = true;
+  b.forward(ctx2, {x.data(), {rows, 8}}, {y2.data(), {rows, 8}}, s2);
+  CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * sizeof(float)) == 0);
+  auto same = [&](auto const& w1, auto const& w2, std::size_t n) {
+    return std::memcmp(w1.data(), w2.data(), n * sizeof(*w1.data())) == 0;
+  };
+  CHECK(same(s1.h1, s2.h1, rows * 8));
+  CHECK(same(s1.a, s2.a, rows * 8));
+  CHECK(same(s1.x1, s2.x1, rows * 8));
+  CHECK(same(s1.m, s2.m, rows * 8));
+  CHECK(same(s1.drop1.mask, s2.drop1.mask, rows * 8));
+  CHECK(same(s1.drop2.mask, s2.drop2.mask, rows * 8));
+  CHECK(same(s1.attn.qkv, s2.attn.qkv, rows * 24));
+  CHECK(same(s1.attn.core.probs, s2.attn.core.probs, 2 * 2 * 6 * 6));
+  CHECK(same(s1.ln1.stats, s2.ln1.stats, rows * 2));
+  CHECK(same(s1.ff.g, s2.ff.g, rows * 12));
+}
+
+TEST_CASE("backward accumulates parameter gradients over micro-batches", "[nn]") {
+  auto ctx = small_ctx(2, 3);
+  nn::linear<double> l("fc", 4, 3);
+  nn::test::randomize_parameters(l);
+  std::vector<double> x(6 * 4), dy(6 * 3), dx(x.size()), y(dy.size());
+  randomize(std::span<double>(x), "test.acc.x");
+  randomize(std::span<double>(dy), "test.acc.dy");
+  nn::linear<double>::saved_type s;
+  l.forward(ctx, {x.data(), {6, 4}}, {y.data(), {6, 3}}, s);
+  l.backward(ctx, {x.data(), {6, 4}}, s, {dy.data(), {6, 3}}, {dx.data(), {6, 4}});
+  std::vector<double> once(l.weight().grads().begin(), l.weight().grads().end());
+  l.backward(ctx, {x.data(), {6, 4}}, s, {dy.data(), {6, 3}}, {dx.data(), {6, 4}});
+  for (std::size_t i = 0; i < once.size(); ++i)
+    CHECK(l.weight().grads()[i] == 2 * once[i]);
+}
+
+TEST_CASE("initialising a slice of a parameter equals the slice of the whole", "[nn][init]") {
+  nn::linear<float> l("blocks.3.attn.qkv", 24, 72);
+  nn::init_parameters(l, 1234);
+  auto whole = l.weight().values();
+  for (std::size_t b : {std::size_t{0}, std::size_t{5}, std::size_t{577}}) {
+    std::vector<float> part(300);
+    nn::init_values(std::span<float>(part), l.weight().name(), l.weight().rule(), 1234, b);
+    CHECK(std::memcmp(part.data(), whole.data() + b, part.size() * sizeof(float)) == 0);
+  }
+  double sum = 0, sq = 0;
+  for (float v : whole) {
+    sum += v;
+    sq += double{v} * v;
+  }
+  double const n = static_cast<double>(whole.size());
+  CHECK(std::abs(sum / n) < 0.002);
+  CHECK(std::sqrt(sq / n) == Approx(0.02).epsilon(0.05));
+  for (float v : l.bias().values())
+    CHECK(v == 0.0f);
+  nn::layer_norm<float> ln("ln_f", 8);
+  nn::init_parameters(ln, 1234);
+  ln.for_each_parameter([](auto& p) {
+    for (float v : p.values())
+      CHECK(v == (p.name() == "ln_f.weight" ? 1.0f : 0.0f));
+  });
+}
+
+namespace {
+// A user's model: its parts in order, a run-time number of blocks.
+struct tiny_gpt {
+  nn::embedding<float> embed{"embed", 16, 8, 8};
+  std::vector<nn::transformer_block<float>> blocks;
+  nn::layer_norm<float> norm{"ln_f", 8};
+  nn::linear<float> head{"head", 8, 16, false};
+  explicit tiny_gpt(std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+      blocks.emplace_back("blocks." + std::to_string(i), nn::block_options{8, 2, 0, 0.0, n});
+  }
+  auto layers() { return nn::sequence(embed, blocks, norm, head); }
+};
+} // namespace
+
+TEST_CASE("a model's layers() gives stable parameter names in order", "[nn][names]") {
+  tiny_gpt m(3);
+  auto seq = m.layers();
+  CHECK(seq.size() == 6);
+  auto names = seq.parameter_names();
+  REQUIRE(names.size() == 2 + 3 * 12 + 2 + 1);
+  CHECK(names[0] == "embed.wte.weight");
+  CHECK(names[1] == "embed.wpe.weight");
+  CHECK(names[2] == "blocks.0.ln1.weight");
+  CHECK(names[4] == "blocks.0.attn.qkv.weight");
+  CHECK(names[2 + 12 * 2 + 2] == "blocks.2.attn.qkv.weight");
+  CHECK(names[2 + 12 * 3 - 1] == "blocks.2.mlp.proj.bias");
+  CHECK(names.back() == "head.weight");
+  nn::init_parameters(seq, 7);
+  tiny_gpt again(3);
+  nn::init_parameters(again.blocks[2], 7);
+  // Initialising one block alone gives the values it has inside the whole model.
+  std::vector<float> inside, alone;
+  m.blocks[2].for_each_parameter(
+      [&](auto& p) { inside.insert(inside.end(), p.values().begin(), p.values().end()); });
+  again.blocks[2].for_each_parameter(
+      [&](auto& p) { alone.insert(alone.end(), p.values().begin(), p.values().end()); });
+  CHECK(inside == alone);
+  tiny_gpt clash(2);
+  clash.blocks[1] = nn::transformer_block<float>("blocks.0", nn::block_options{8, 2});
+  CHECK_THROWS_AS(clash.layers().parameter_names(), strata::config_error);
+}
+
+TEST_CASE("linear stores bf16 and computes in float", "[nn][bf16]") {
+  auto ctx = small_ctx(2, 4);
+  nn::linear<strata::bf16> lb("fc", 16, 8);
+  nn::linear<float> lf("fc", 16, 8);
+  nn::init_parameters(lb, 9);
+  std::size_t k = 0;
+  std::vector<float> wf;
+  lb.for_each_parameter([&](auto& p) {
+    for (auto v : p.values())
+      wf.push_back(strata::element_traits<strata::bf16>::to_compute(v));
+  });
+  lf.for_each_parameter([&](auto& p) {
+    for (auto& v : p.values())
+      v = wf[k++];
+  });
+  std::vector<strata::bf16> xb(8 * 16), yb(8 * 8), dxb(xb.size());
+  std::vector<float> xf(xb.size()), yf(yb.size());
+  randomize(std::span<strata::bf16>(xb), "test.bf16.x");
+  for (std::size_t i = 0; i < xb.size(); ++i)
+    xf[i] = strata::element_traits<strata::bf16>::to_compute(xb[i]);
+  nn::linear<strata::bf16>::saved_type sb;
+  nn::linear<float>::saved_type sf;
+  lb.forward(ctx, {xb.data(), {8, 16}}, {yb.data(), {8, 8}}, sb);
+  lf.forward(ctx, {xf.data(), {8, 16}}, {yf.data(), {8, 8}}, sf);
+  for (std::size_t i = 0; i < yb.size(); ++i)
+    CHECK(strata::element_traits<strata::bf16>::to_compute(yb[i]) ==
+          Approx(yf[i]).margin(1e-3).epsilon(1.0 / 128));
+  lb.backward(ctx, {xb.data(), {8, 16}}, sb, {yb.data(), {8, 8}}, {dxb.data(), {8, 16}});
+}
+
+namespace {
+// A whole model in double, driven by hand in layers() order: embed, blocks, ln_f, head, loss.
+struct tiny_gpt_f64 {
+  static constexpr std::size_t d = 8, vocab = 11;
+  nn::embedding<double> embed{"embed", vocab, 4, d};
+  std::vector<nn::transformer_block<double>> blocks;
+  nn::layer_norm<double> norm{"ln_f", d};
+  nn::linear<double> head{"head", d, vocab, false};
+  nn::softmax_cross_entropy<double> loss{"loss", vocab};
+  std::vector<nn::transformer_block<double>::saved_type> saved;
+  std::vector<std::vector<double>> acts; // block inputs and the last block's output
+  std::vector<double> normed, logits, dlogits, g1, g2;
+  nn::embedding<double>::saved_type se;
+  nn::layer_norm<double>::saved_type sn;
+  nn::linear<double>::saved_type sh;
+  nn::softmax_cross_entropy<double>::saved_type sl;
+
+  explicit tiny_gpt_f64(std::size_t n) : saved(n), acts(n + 1) {
+    for (std::size_t i = 0; i < n; ++i)
+      blocks.emplace_back("blocks." + std::to_string(i), nn::block_options{d, 2, 12, 0.2, n});
+  }
+  auto layers() { return nn::sequence(embed, blocks, norm, head); }
+
+  double forward(nn::layer_context const& ctx, std::vector<std::int32_t> const& ids,
+                 std::vector<std::int32_t> const& targets) {
+    std::size_t const rows = ctx.rows();
+    for (auto& a : acts)
+      a.assign(rows * d, 0);
+    normed.assign(rows * d, 0);
+    logits.assign(rows * vocab, 0);
+    embed.forward(ctx, {ids.data(), {rows}}, {acts[0].data(), {rows, d}}, se);
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      blocks[i].forward(ctx, {acts[i].data(), {rows, d}}, {acts[i + 1].data(), {rows, d}},
+                        saved[i]);
+    norm.forward(ctx, {acts.back().data(), {rows, d}}, {normed.data(), {rows, d}}, sn);
+    head.forward(ctx, {normed.data(), {rows, d}}, {logits.data(), {rows, vocab}}, sh);
+    return loss.forward(ctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, sl);
+  }
+
+  void backward(nn::layer_context const& ctx, std::vector<std::int32_t> const& ids,
+                std::vector<std::int32_t> const& targets) {
+    std::size_t const rows = ctx.rows();
+    dlogits.assign(rows * vocab, 0);
+    g1.assign(rows * d, 0);
+    g2.assign(rows * d, 0);
+    loss.backward(ctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, sl,
+                  {dlogits.data(), {rows, vocab}});
+    head.backward(ctx, {normed.data(), {rows, d}}, sh, {dlogits.data(), {rows, vocab}},
+                  {g1.data(), {rows, d}});
+    norm.backward(ctx, {acts.back().data(), {rows, d}}, sn, {g1.data(), {rows, d}},
+                  {g2.data(), {rows, d}});
+    for (std::size_t i = blocks.size(); i-- > 0;) {
+      blocks[i].backward(ctx, {acts[i].data(), {rows, d}}, saved[i], {g2.data(), {rows, d}},
+                         {g1.data(), {rows, d}});
+      std::swap(g1, g2);
+    }
+    embed.backward(ctx, {ids.data(), {rows}}, se, {g2.data(), {rows, d}});
+  }
+};
+} // namespace
+
+TEST_CASE("a tiny GPT's gradients match central differences end to end", "[nn][grad]") {
+  auto ctx = small_ctx(2, 4);
+  tiny_gpt_f64 m(2);
+  auto seq = m.layers();
+  nn::test::randomize_parameters(seq);
+  std::vector<std::int32_t> ids(ctx.rows()), targets(ctx.rows());
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    ids[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed(), 100 + i) % 11);
+    targets[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed(), 200 + i) % 11);
+  }
+  m.forward(ctx, ids, targets);
+  m.backward(ctx, ids, targets);
+  seq.for_each_parameter([&](auto& p) {
+    std::vector<double> g(p.grads().begin(), p.grads().end());
+    auto fd = nn::test::finite_difference(p.values(), [&] { return m.forward(ctx, ids, targets); });
+    INFO(p.name() << " relative error " << rel_error(g, fd));
+    CHECK(nn::test::norm(fd) > 0);
+    CHECK(rel_error(g, fd) < fd_tolerance);
+  });
+}
