@@ -18,20 +18,22 @@ struct simd;
 template <>
 struct simd<float> {
   typedef float type __attribute__((vector_size(16)));
+  typedef float aligned_alias __attribute__((vector_size(16), may_alias));
   static constexpr std::size_t lanes = 4;
 };
 template <>
 struct simd<double> {
   typedef double type __attribute__((vector_size(16)));
+  typedef double aligned_alias __attribute__((vector_size(16), may_alias));
   static constexpr std::size_t lanes = 2;
 };
 
 template <class C>
 struct gemm_blocking {
-  static constexpr std::size_t mr = 6;                    // rows of a micro-tile
-  static constexpr std::size_t nr = 2 * simd<C>::lanes;   // columns of a micro-tile
-  static constexpr std::size_t kc = 192;                  // depth of a packed panel
-  static constexpr std::size_t mc = 192;                  // rows of a packed A block (L2)
+  static constexpr std::size_t mr = 6;                  // rows of a micro-tile
+  static constexpr std::size_t nr = 2 * simd<C>::lanes; // columns of a micro-tile
+  static constexpr std::size_t kc = 192;                // depth of a packed panel
+  static constexpr std::size_t mc = 96; // rows of a packed A block (L2; kc x mc x lanes: 288 KiB)
   static constexpr std::size_t nc = 2048 / sizeof(C) * 4; // columns of a packed B block (L3)
 };
 
@@ -63,31 +65,38 @@ gemm_packs<C>& thread_packs() {
   return p;
 }
 
-// acc (mr x nr) = sum over kc of a-panel (kc x mr, k-major) times b-panel (kc x nr, k-major).
+// acc (mr x nr) = sum over kc of a-panel (kc x mr, k-major, each value repeated across a
+// SIMD vector) times b-panel (kc x nr, k-major). A arrives pre-broadcast so the loop needs no
+// shuffles: SSE2 has no broadcast load, and movss + shufps per row of A took FP-pipe slots
+// from the 12 multiplies and 12 adds. The loads of A are aligned (the pack comes from operator
+// new, 16-byte aligned, and every panel starts at a multiple of L values), so the compiler may
+// use movaps or a memory operand of mulps. 12 accumulators, 2 B vectors and one product fit
+// in the 16 SSE registers, so nothing spills.
 template <class C>
 inline void micro_kernel(std::size_t kc, C const* __restrict a, C const* __restrict b,
                          C* __restrict out) noexcept {
   using V = typename simd<C>::type;
+  using VA = typename simd<C>::aligned_alias;
   constexpr std::size_t L = simd<C>::lanes;
+  VA const* av = static_cast<VA const*>(__builtin_assume_aligned(a, sizeof(V)));
   V c00{}, c01{}, c10{}, c11{}, c20{}, c21{}, c30{}, c31{}, c40{}, c41{}, c50{}, c51{};
   for (std::size_t p = 0; p < kc; ++p) {
     V b0, b1;
     std::memcpy(&b0, b, sizeof(V));
     std::memcpy(&b1, b + L, sizeof(V));
-    C const a0 = a[0], a1 = a[1], a2 = a[2], a3 = a[3], a4 = a[4], a5 = a[5];
-    c00 += a0 * b0;
-    c01 += a0 * b1;
-    c10 += a1 * b0;
-    c11 += a1 * b1;
-    c20 += a2 * b0;
-    c21 += a2 * b1;
-    c30 += a3 * b0;
-    c31 += a3 * b1;
-    c40 += a4 * b0;
-    c41 += a4 * b1;
-    c50 += a5 * b0;
-    c51 += a5 * b1;
-    a += 6;
+    c00 += av[0] * b0;
+    c01 += av[0] * b1;
+    c10 += av[1] * b0;
+    c11 += av[1] * b1;
+    c20 += av[2] * b0;
+    c21 += av[2] * b1;
+    c30 += av[3] * b0;
+    c31 += av[3] * b1;
+    c40 += av[4] * b0;
+    c41 += av[4] * b1;
+    c50 += av[5] * b0;
+    c51 += av[5] * b1;
+    av += 6;
     b += 2 * L;
   }
   V const acc[12] = {c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51};
@@ -143,8 +152,11 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t 
   std::size_t const kc_max = std::min(blk::kc, k);
   if (packs.b.size() < nc_max * kc_max)
     packs.b.resize(nc_max * kc_max);
-  if (packs.a.size() < mc_max * kc_max)
-    packs.a.resize(mc_max * kc_max);
+  constexpr std::size_t L = simd<C>::lanes;
+  static_assert(__STDCPP_DEFAULT_NEW_ALIGNMENT__ >= sizeof(typename simd<C>::type),
+                "the micro-kernel's aligned loads of the A pack");
+  if (packs.a.size() < mc_max * kc_max * L)
+    packs.a.resize(mc_max * kc_max * L);
   C* const pb = packs.b.data();
   C* const pa = packs.a.data();
   alignas(64) C tile[mr * nr];
@@ -172,21 +184,26 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t 
       }
       for (std::size_t ic = 0; ic < m; ic += blk::mc) {
         std::size_t const mb = std::min(blk::mc, m - ic);
-        // Pack A: panels of mr rows, k-major, zero-padded.
+        // Pack A: panels of mr rows, k-major, zero-padded, each value repeated L times (the
+        // micro-kernel's broadcast, done once here instead of once per B panel).
         for (std::size_t ir = 0; ir < mb; ir += mr) {
-          C* dst = pa + ir * kb;
+          C* dst = pa + ir * kb * L;
           std::size_t const h = std::min(mr, mb - ir);
           TA const* src = a + (ic + ir) * rsa + pc * csa;
           if (h < mr)
-            std::fill(dst, dst + kb * mr, C{0});
+            std::fill(dst, dst + kb * mr * L, C{0});
+          auto put = [dst](std::size_t p, std::size_t i, C v) {
+            for (std::size_t l = 0; l < L; ++l)
+              dst[(p * mr + i) * L + l] = v;
+          };
           if (csa <= rsa) // read along rows of A
             for (std::size_t i = 0; i < h; ++i)
               for (std::size_t p = 0; p < kb; ++p)
-                dst[p * mr + i] = to_compute_value<C>(src[i * rsa + p * csa]);
+                put(p, i, to_compute_value<C>(src[i * rsa + p * csa]));
           else
             for (std::size_t p = 0; p < kb; ++p)
               for (std::size_t i = 0; i < h; ++i)
-                dst[p * mr + i] = to_compute_value<C>(src[i * rsa + p * csa]);
+                put(p, i, to_compute_value<C>(src[i * rsa + p * csa]));
         }
         for (std::size_t jr = 0; jr < nb; jr += nr) {
           std::size_t const w = std::min(nr, nb - jr);
@@ -195,11 +212,11 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t 
             TC* out = c + (ic + ir) * ldc + jc + jr;
             if constexpr (std::is_same_v<TC, C>) {
               if (h == mr && w == nr) {
-                micro_kernel_store<C>(kb, pa + ir * kb, pb + jr * kb, out, ldc, acc);
+                micro_kernel_store<C>(kb, pa + ir * kb * L, pb + jr * kb, out, ldc, acc);
                 continue;
               }
             }
-            micro_kernel<C>(kb, pa + ir * kb, pb + jr * kb, tile);
+            micro_kernel<C>(kb, pa + ir * kb * L, pb + jr * kb, tile);
             for (std::size_t i = 0; i < h; ++i) {
               TC* row = out + i * ldc;
               C const* t = tile + i * nr;
