@@ -156,12 +156,37 @@ private:
   std::atomic<std::uint64_t> frees_{0};
 };
 
-/// The ledger of code that names none: one for the whole process. Under the in-process
-/// backend every thread-rank shares it, so per-rank figures need a memory_ledger per rank,
-/// passed explicitly (the preferred way everywhere in strata).
+namespace detail {
+inline memory_ledger*& thread_ledger() noexcept {
+  thread_local memory_ledger* ledger = nullptr;
+  return ledger;
+}
+} // namespace detail
+
+/// The ledger of code that names none: the calling thread's ledger while a ledger_scope is
+/// alive on it, else one for the whole process. Under the in-process backend each rank is a
+/// thread, so a ledger_scope per rank gives per-rank figures for everything allocated on the
+/// rank's thread (layers' workspaces included); code that knows its ledger still passes it
+/// explicitly.
 inline memory_ledger& default_ledger() noexcept {
+  if (memory_ledger* l = detail::thread_ledger())
+    return *l;
   static memory_ledger ledger("default");
   return ledger;
 }
+
+/// Makes `ledger` the calling thread's default_ledger() until destroyed (scopes nest).
+class ledger_scope {
+public:
+  explicit ledger_scope(memory_ledger& ledger) noexcept : previous_(detail::thread_ledger()) {
+    detail::thread_ledger() = &ledger;
+  }
+  ~ledger_scope() { detail::thread_ledger() = previous_; }
+  ledger_scope(ledger_scope const&) = delete;
+  ledger_scope& operator=(ledger_scope const&) = delete;
+
+private:
+  memory_ledger* previous_;
+};
 
 } // namespace strata

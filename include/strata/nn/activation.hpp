@@ -40,6 +40,8 @@ public:
   }
   void backward(layer_context const&, tensor_view<T const> x, saved_type const&,
                 tensor_view<T const> dy, tensor_view<T> dx) {
+    if (dx.data() == nullptr) // the input needs no gradient
+      return;
     std::size_t const rows = x.extent(0);
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t j = 0; j < features_; ++j)

@@ -74,6 +74,8 @@ public:
 
   void backward(layer_context const&, tensor_view<T const> x, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
+    if (dx.data() == nullptr) // the input needs no gradient
+      return;
     std::size_t const rows = x.extent(0);
     if (!s.active) {
       for (std::size_t r = 0; r < rows; ++r)

@@ -31,7 +31,9 @@ concept has_parameters = requires(L& l) {
 ///                                   bit for bit, dropout included;
 ///   backward(ctx, x, saved, dy, dx) ADDS parameter gradients (+=, so micro-batches
 ///                                   accumulate) and WRITES dx; x is forward's input, kept by
-///                                   the caller (recompute drops saved, never x);
+///                                   the caller (recompute drops saved, never x); dx may be
+///                                   an empty view (null data) when the input needs no
+///                                   gradient (the model's first layer): then skip it;
 ///   for_each_parameter(f)           f(parameter<T>&) for each parameter in a fixed order,
 ///                                   with stable names such as "blocks.3.attn.qkv.weight".
 template <class L>

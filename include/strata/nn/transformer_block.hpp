@@ -91,7 +91,8 @@ public:
     drop1_.backward(ctx, s.a.view(rows, d_), s.drop1, dx1, t); // t = da
     attn_.backward(ctx, s.h1.view(rows, d_), s.attn, t, u);    // u = dh1
     ln1_.backward(ctx, x, s.ln1, u, dx);                       // dx = via ln1
-    add_into(dx, dx1);                                         // + residual
+    if (dx.data() != nullptr)
+      add_into(dx, dx1); // + residual
   }
 
 private:

@@ -1,0 +1,74 @@
+// executor: runs a step program on a rank's state, dispatching passes' operations, and
+// records the trace.
+#pragma once
+
+#include <strata/engine/op.hpp>
+#include <strata/engine/pass.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+#include <strata/engine/trace.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace strata::engine {
+
+/// Runs every operation of a program in order: the engine's own on the state, the others by
+/// the pass that inserted them. On an exception every pass is told to abort, then the
+/// exception propagates.
+template <class T>
+class executor {
+public:
+  void run(program const& p, state<T>& s, std::vector<std::unique_ptr<pass<T>>>& passes,
+           trace& t) {
+    t.begin_step();
+    std::uint32_t i = 0;
+    try {
+      for (; i < p.ops.size(); ++i) {
+        op const& o = p.ops[i];
+        std::int64_t const b = t.now_ns();
+        if (o.owner != engine_owner)
+          passes[o.owner]->run(o, s);
+        else
+          run_own(o, s);
+        t.record(i, o.code, b, t.now_ns());
+      }
+    } catch (...) {
+      for (auto& ps : passes)
+        ps->abort();
+      throw;
+    }
+    t.end_step();
+  }
+
+private:
+  static void run_own(op const& o, state<T>& s) {
+    switch (o.code) {
+    case op_code::zero_grad:
+      s.run_zero_grad();
+      break;
+    case op_code::forward:
+      s.run_forward(o);
+      break;
+    case op_code::loss:
+      s.run_loss(o);
+      break;
+    case op_code::backward:
+      s.run_backward(o);
+      break;
+    case op_code::clip:
+      s.run_clip();
+      break;
+    case op_code::optimizer_step:
+      s.run_optimizer_step();
+      break;
+    default:
+      throw error("strata: the engine was asked to run a " + std::string(name_of(o.code)) +
+                  " operation that no pass owns");
+    }
+  }
+};
+
+} // namespace strata::engine

@@ -1,0 +1,277 @@
+// node: a layer behind a virtual interface, so one engine runs any model; model_builder.
+#pragma once
+
+#include <strata/core/error.hpp>
+#include <strata/core/tensor.hpp>
+#include <strata/nn/context.hpp>
+#include <strata/nn/layer.hpp>
+#include <strata/nn/parameter.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace strata::engine {
+
+/// Where a node sits in the model: the input layer reads token ids (an embedding), hidden
+/// layers map activations to activations, the loss maps the last activations and the
+/// targets to a number.
+enum class node_kind : std::uint8_t { input, hidden, loss };
+
+/// What forward keeps for backward, one per micro-batch in flight: a layer's saved_type
+/// behind a virtual destructor.
+struct saved_base {
+  virtual ~saved_base() = default;
+};
+
+/// A layer of any type behind one interface. The executor calls a node once per (layer,
+/// micro-batch), so the virtual call costs nothing beside the layer's own work, and the
+/// engine is compiled once per element type, not once per model.
+template <class T>
+class node {
+public:
+  using value_type = T;
+  using index_type = std::int32_t;
+  using parameter_fn = std::function<void(nn::parameter<T>&)>;
+
+  virtual ~node() = default;
+  virtual node_kind kind() const noexcept = 0;
+  virtual std::string_view name() const noexcept = 0;
+  /// Hidden: input features. Input: the vocabulary. Loss: the classes.
+  virtual std::size_t in_features() const noexcept = 0;
+  /// Hidden and input: output features. Loss: 0.
+  virtual std::size_t out_features() const noexcept = 0;
+  virtual void for_each_parameter(parameter_fn const& f) = 0;
+  virtual std::unique_ptr<saved_base> make_saved() const = 0;
+
+  // hidden
+  virtual void forward(nn::layer_context const&, tensor_view<T const>, tensor_view<T>,
+                       saved_base&) {
+    wrong("forward on activations");
+  }
+  virtual void backward(nn::layer_context const&, tensor_view<T const>, saved_base const&,
+                        tensor_view<T const>, tensor_view<T>) {
+    wrong("backward on activations");
+  }
+  // input
+  virtual void forward_ids(nn::layer_context const&, tensor_view<index_type const>,
+                           tensor_view<T>, saved_base&) {
+    wrong("forward on token ids");
+  }
+  virtual void backward_ids(nn::layer_context const&, tensor_view<index_type const>,
+                            saved_base const&, tensor_view<T const>) {
+    wrong("backward on token ids");
+  }
+  // loss: the mean loss of the rows; backward writes dlogits = dloss * dmean/dlogits
+  virtual double loss_forward(nn::layer_context const&, tensor_view<T const>,
+                              tensor_view<index_type const>, saved_base&) {
+    wrong("loss");
+    return 0;
+  }
+  virtual void loss_backward(nn::layer_context const&, tensor_view<T const>,
+                             tensor_view<index_type const>, saved_base const&, tensor_view<T>,
+                             double) {
+    wrong("loss backward");
+  }
+
+  /// The parameters' element count.
+  std::size_t parameter_count() {
+    std::size_t n = 0;
+    for_each_parameter([&](nn::parameter<T>& p) { n += p.size(); });
+    return n;
+  }
+
+private:
+  [[noreturn]] void wrong(char const* what) const {
+    throw config_error("strata: layer \"" + std::string(name()) + "\" was asked for " + what +
+                       ", which a layer of its kind does not do");
+  }
+};
+
+namespace detail {
+
+template <class L>
+struct saved_box final : saved_base {
+  typename L::saved_type value{};
+};
+
+template <class L>
+typename L::saved_type& unbox(saved_base& s) {
+  return static_cast<saved_box<L>&>(s).value;
+}
+template <class L>
+typename L::saved_type const& unbox(saved_base const& s) {
+  return static_cast<saved_box<L> const&>(s).value;
+}
+
+template <class L, class T>
+class node_common : public node<T> {
+public:
+  explicit node_common(L&& l) : layer_(std::move(l)) {}
+  std::string_view name() const noexcept override { return layer_.name(); }
+  void for_each_parameter(typename node<T>::parameter_fn const& f) override {
+    layer_.for_each_parameter(f);
+  }
+  std::unique_ptr<saved_base> make_saved() const override {
+    return std::make_unique<saved_box<L>>();
+  }
+  L& layer() noexcept { return layer_; }
+
+protected:
+  L layer_;
+};
+
+template <class L, class T>
+class hidden_node final : public node_common<L, T> {
+public:
+  using node_common<L, T>::node_common;
+  node_kind kind() const noexcept override { return node_kind::hidden; }
+  std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
+  std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
+  void forward(nn::layer_context const& c, tensor_view<T const> x, tensor_view<T> y,
+               saved_base& s) override {
+    this->layer_.forward(c, x, y, unbox<L>(s));
+  }
+  void backward(nn::layer_context const& c, tensor_view<T const> x, saved_base const& s,
+                tensor_view<T const> dy, tensor_view<T> dx) override {
+    this->layer_.backward(c, x, unbox<L>(s), dy, dx);
+  }
+};
+
+template <class L, class T>
+class input_node final : public node_common<L, T> {
+public:
+  using node_common<L, T>::node_common;
+  using typename node<T>::index_type;
+  node_kind kind() const noexcept override { return node_kind::input; }
+  std::size_t in_features() const noexcept override { return this->layer_.vocab(); }
+  std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
+  void forward_ids(nn::layer_context const& c, tensor_view<index_type const> ids,
+                   tensor_view<T> y, saved_base& s) override {
+    this->layer_.forward(c, ids, y, unbox<L>(s));
+  }
+  void backward_ids(nn::layer_context const& c, tensor_view<index_type const> ids,
+                    saved_base const& s, tensor_view<T const> dy) override {
+    this->layer_.backward(c, ids, unbox<L>(s), dy);
+  }
+};
+
+template <class L, class T>
+class loss_node final : public node_common<L, T> {
+public:
+  using node_common<L, T>::node_common;
+  using typename node<T>::index_type;
+  using C = typename L::compute_type;
+  node_kind kind() const noexcept override { return node_kind::loss; }
+  std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
+  std::size_t out_features() const noexcept override { return 0; }
+  double loss_forward(nn::layer_context const& c, tensor_view<T const> logits,
+                      tensor_view<index_type const> targets, saved_base& s) override {
+    return static_cast<double>(this->layer_.forward(c, logits, targets, unbox<L>(s)));
+  }
+  void loss_backward(nn::layer_context const& c, tensor_view<T const> logits,
+                     tensor_view<index_type const> targets, saved_base const& s,
+                     tensor_view<T> dlogits, double dloss) override {
+    this->layer_.backward(c, logits, targets, unbox<L>(s), dlogits, static_cast<C>(dloss));
+  }
+};
+
+} // namespace detail
+
+/// What a model's build() is given: it hands its layers over in execution order.
+///   input(l)  the first layer, on token ids (forward(ctx, ids, y, saved), backward(ctx, ids,
+///             saved, dy), vocab(), out_features()): an embedding. A model without one takes
+///             the batch's features.
+///   add(l)    a layer (nn::layer) from activations to activations.
+///   loss(l)   the end: forward(ctx, logits, targets, saved) -> mean loss, backward(ctx,
+///             logits, targets, saved, dlogits, dloss). Exactly one, last.
+/// The engine calls build() with parameter storage deferred (nn::deferred_parameters):
+/// constructing a layer allocates no parameters, so a rank builds the whole model's
+/// description and keeps only the layers it owns (pipeline stages).
+template <class T>
+class model_builder {
+public:
+  using value_type = T;
+
+  /// keep(i): whether this rank keeps layer i (counting the input layer as 0, loss excluded).
+  explicit model_builder(std::function<bool(std::size_t)> keep = {}) : keep_(std::move(keep)) {}
+
+  template <class L>
+  void input(L&& l) {
+    using U = std::remove_cvref_t<L>;
+    static_assert(std::same_as<typename U::value_type, T>,
+                  "strata: a layer's value_type differs from the model's");
+    if (!info_.empty())
+      throw config_error("strata: model_builder::input(\"" + std::string(l.name()) +
+                         "\") after " + std::to_string(info_.size()) +
+                         " layers: the input layer comes first");
+    push(std::make_unique<detail::input_node<U, T>>(std::move(l)));
+  }
+  template <class L>
+  void add(L&& l) {
+    using U = std::remove_cvref_t<L>;
+    static_assert(nn::layer<U>, "strata: model_builder::add takes an nn::layer (forward and "
+                                "backward on activations)");
+    static_assert(std::same_as<typename U::value_type, T>,
+                  "strata: a layer's value_type differs from the model's");
+    check_open(l.name());
+    push(std::make_unique<detail::hidden_node<U, T>>(std::move(l)));
+  }
+  template <class L>
+  void loss(L&& l) {
+    using U = std::remove_cvref_t<L>;
+    static_assert(std::same_as<typename U::value_type, T>,
+                  "strata: a layer's value_type differs from the model's");
+    check_open(l.name());
+    loss_ = std::make_unique<detail::loss_node<U, T>>(std::move(l));
+  }
+
+  /// Every layer's description, in order (kept layers hold a node, others null).
+  struct layer_info {
+    std::string name;
+    node_kind kind;
+    std::size_t in, out, parameters;
+  };
+  std::vector<layer_info> const& info() const noexcept { return info_; }
+  std::vector<std::unique_ptr<node<T>>>& nodes() noexcept { return nodes_; }
+  std::unique_ptr<node<T>>& loss_node() noexcept { return loss_; }
+
+private:
+  void check_open(std::string_view name) const {
+    if (loss_)
+      throw config_error("strata: model_builder: layer \"" + std::string(name) +
+                         "\" after the loss \"" + std::string(loss_->name()) +
+                         "\": the loss comes last");
+  }
+  void push(std::unique_ptr<node<T>> n) {
+    std::size_t const i = info_.size();
+    info_.push_back({std::string(n->name()), n->kind(), n->in_features(), n->out_features(),
+                     n->parameter_count()});
+    nodes_.push_back(!keep_ || keep_(i) ? std::move(n) : nullptr);
+  }
+
+  std::function<bool(std::size_t)> keep_;
+  std::vector<layer_info> info_;
+  std::vector<std::unique_ptr<node<T>>> nodes_;
+  std::unique_ptr<node<T>> loss_;
+};
+
+/// A model: the user's type that describes its layers. It names its element type and hands
+/// its layers to a builder in execution order:
+///   struct my_mlp {
+///     using value_type = float;
+///     void build(strata::engine::model_builder<float>& b) const {
+///       b.add(nn::linear<float>("fc1", 1024, 1024)); ... b.loss(nn::softmax_cross_entropy...);
+///     }
+///   };
+template <class M>
+concept model = requires(M const& m, model_builder<typename M::value_type>& b) { m.build(b); };
+
+} // namespace strata::engine

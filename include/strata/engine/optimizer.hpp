@@ -1,0 +1,63 @@
+// optimizer_slot: any optim::optimizer behind a virtual interface, made once the size is known.
+#pragma once
+
+#include <strata/optim/optimizer.hpp>
+#include <strata/optim/state.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <utility>
+
+namespace strata::engine {
+
+/// The optimizer of the elements a rank updates (all of its flat buffer, or its ZeRO shard).
+template <class M>
+class optimizer_slot {
+public:
+  virtual ~optimizer_slot() = default;
+  virtual void step(std::span<M> params, std::span<M const> grads, optim::step_context const&,
+                    std::size_t offset) = 0;
+  virtual std::size_t size() const = 0;
+  virtual std::int64_t step_count() const = 0;
+  virtual optim::state_dict save() const = 0;
+  virtual void load(optim::state_dict const&) = 0;
+  virtual std::size_t state_bytes() const = 0;
+};
+
+namespace detail {
+template <optim::optimizer O>
+class optimizer_box final : public optimizer_slot<typename O::value_type> {
+public:
+  using M = typename O::value_type;
+  optimizer_box(std::size_t n, typename O::options_type const& o) : o_(n, o) {}
+  void step(std::span<M> p, std::span<M const> g, optim::step_context const& c,
+            std::size_t offset) override {
+    o_.step(p, g, c, offset);
+  }
+  std::size_t size() const override { return o_.size(); }
+  std::int64_t step_count() const override { return o_.step_count(); }
+  optim::state_dict save() const override { return o_.save(); }
+  void load(optim::state_dict const& s) override { o_.load(s); }
+  std::size_t state_bytes() const override { return o_.state_bytes(); }
+
+private:
+  O o_;
+};
+} // namespace detail
+
+/// How to make a rank's optimizer once the engine knows how many elements it updates.
+template <class M>
+using optimizer_factory = std::function<std::unique_ptr<optimizer_slot<M>>(std::size_t)>;
+
+/// An optimizer_factory for O with the given options: use<optim::adamw<float>>({...}).
+template <optim::optimizer O>
+optimizer_factory<typename O::value_type> use(typename O::options_type options = {}) {
+  return [options](std::size_t n) -> std::unique_ptr<optimizer_slot<typename O::value_type>> {
+    return std::make_unique<detail::optimizer_box<O>>(n, options);
+  };
+}
+
+} // namespace strata::engine

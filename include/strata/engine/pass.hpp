@@ -1,0 +1,45 @@
+// pass: what a strategy or policy is to the engine — it inserts operations and runs them.
+#pragma once
+
+#include <strata/engine/op.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+
+#include <cstdint>
+#include <string_view>
+
+namespace strata::engine {
+
+/// A strategy (data parallel, sharded, pipeline, tensor parallel) or policy (precision,
+/// recompute) as the engine sees it. The trainer calls, in this order and in the library's
+/// fold order of passes:
+///   configure(state)      after the layers are built, before the flat buffers are laid out:
+///                         ask for padding (state.pad_multiple), choose what this rank
+///                         updates and counts in the norm;
+///   setup(state)          after the parameters are bound and initialised: broadcast them,
+///                         build buckets or shards, allocate communication buffers — every
+///                         allocation of the pass happens here, none per step;
+///   rewrite(program, id)  insert this pass's operations (owner = id) into the training
+///                         program; rewrite_eval the forward-only program;
+///   run(op, state)        execute one operation this pass inserted, each step;
+///   abort()               this rank failed mid-step: release what other threads of this
+///                         rank may wait on (the communicator tells the other ranks).
+/// The whole program is known before it runs, so a pass can look ahead: the operation after
+/// the current one in execution order, the last micro-batch, the next unit to gather.
+template <class T>
+class pass {
+public:
+  virtual ~pass() = default;
+  virtual std::string_view name() const noexcept = 0;
+  virtual void configure(state<T>&) {}
+  virtual void setup(state<T>&) {}
+  virtual void rewrite(program&, std::uint16_t) {}
+  virtual void rewrite_eval(program&, std::uint16_t) {}
+  virtual void run(op const&, state<T>&) {}
+  /// Sums a rank's loss over the ranks that see different data (for reporting); the result
+  /// is the mean over those ranks. Called after the step, on every rank.
+  virtual void reduce_loss(double&) {}
+  virtual void abort() noexcept {}
+};
+
+} // namespace strata::engine

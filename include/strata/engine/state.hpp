@@ -1,0 +1,338 @@
+// state: what one rank's engine holds — its layers, flat parameters and gradients, activation
+// slots, the current batch — and the engine's own operations on it.
+#pragma once
+
+#include <strata/core/buffer.hpp>
+#include <strata/core/error.hpp>
+#include <strata/core/memory.hpp>
+#include <strata/core/tensor.hpp>
+#include <strata/engine/batch.hpp>
+#include <strata/engine/node.hpp>
+#include <strata/engine/op.hpp>
+#include <strata/engine/optimizer.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/nn/context.hpp>
+#include <strata/nn/detail/workspace.hpp>
+#include <strata/nn/parameter.hpp>
+#include <strata/optim/clipping.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace strata::engine {
+
+/// One parameter this rank owns, and where it lives in the flat buffers.
+template <class T>
+struct parameter_entry {
+  nn::parameter<T>* p = nullptr;
+  std::uint32_t layer = 0;
+  std::size_t offset = 0; // first element in the flat buffers
+};
+
+/// One rank's engine state. Passes read and change it through the members below; the
+/// engine's own operations (forward, loss, backward, zero_grad, clip, optimizer_step) are its
+/// member functions.
+///
+/// Flat storage: the parameters this rank owns live in one flat value buffer and one flat
+/// gradient buffer, laid out in the order backward produces gradients (the last layer
+/// first), so that a run of layers whose backward has finished is one contiguous range
+/// (data-parallel buckets, ZeRO shards). Each nn::parameter is bound to its views.
+template <class T>
+class state {
+public:
+  using value_type = T;
+  using index_type = std::int32_t;
+
+  // ---- the model on this rank ------------------------------------------------------------
+  std::vector<typename model_builder<T>::layer_info> layers; // every layer of the model
+  std::vector<std::unique_ptr<node<T>>> nodes;              // by global layer; null if not owned
+  std::unique_ptr<node<T>> loss;                            // on the rank with the last layer
+  std::vector<chunk_layers> chunks;                         // this rank's chunks
+  std::string loss_name;
+
+  // ---- parameters ------------------------------------------------------------------------
+  std::vector<parameter_entry<T>> params; // flat order
+  std::vector<std::pair<std::size_t, std::size_t>> layer_range; // flat [begin, end) by layer
+  buffer<T> values, grads;
+  std::size_t flat_size = 0;   // elements of the parameters (without padding)
+  std::size_t pad_multiple = 1; // a pass may ask the flat size to be a multiple of this
+
+  // ---- optimizer -------------------------------------------------------------------------
+  std::unique_ptr<optimizer_slot<T>> optimizer;
+  std::size_t optim_begin = 0, optim_end = 0; // flat elements this rank updates
+  std::size_t norm_begin = 0, norm_end = 0;   // flat elements this rank counts in the norm
+  std::function<double(std::int64_t)> lr;     // learning rate of step k (from 1)
+  double clip = 0;                            // max gradient norm; 0: no clipping
+  bool want_norm = false;                     // compute the norm even without clipping
+  std::int64_t step = 0;                      // the step being run (from 1)
+  std::uint64_t seed = 0;
+
+  // ---- one step's values -----------------------------------------------------------------
+  batch_view<T> batch{};
+  std::size_t micro_batches = 1;
+  std::size_t mb_sequences = 0; // sequences per micro-batch
+  bool training = true;
+  double loss_sum = 0;    // sum of the micro-batches' mean losses on this rank
+  double dloss = 1;       // d(step loss)/d(micro-batch loss): 1 / micro_batches (x loss scale)
+  double grad_scale = 1;  // what the optimizer multiplies gradients by (clip, unscale)
+  double grad_norm = -1;  // the global norm when computed, else -1
+  bool skip_step = false; // a pass decided this step must not update (overflow)
+  std::function<void(double&)> reduce_norm_sq; // sums the local square norm over ranks
+
+  // ---- activations -----------------------------------------------------------------------
+  // out[l][s]: layer l's output in slot s; saved[l][s]: its saved state; dout[l]: the
+  // gradient of its output; in[c][s]: a chunk's input received from another rank;
+  // din[c]: the gradient of a chunk's input, to send back.
+  std::vector<std::vector<nn::detail::workspace<T>>> out;
+  std::vector<std::vector<std::unique_ptr<saved_base>>> saved;
+  std::vector<nn::detail::workspace<T>> dout;
+  std::vector<std::vector<nn::detail::workspace<T>>> in;
+  std::vector<nn::detail::workspace<T>> din;
+
+  // ---- setup -----------------------------------------------------------------------------
+
+  /// Takes the builder's nodes; `chunks` says which layers this rank runs.
+  void adopt(model_builder<T>& b, std::vector<chunk_layers> chunk_list) {
+    layers = b.info();
+    nodes = std::move(b.nodes());
+    if (b.loss_node())
+      loss_name = std::string(b.loss_node()->name());
+    loss = std::move(b.loss_node());
+    chunks = std::move(chunk_list);
+    if (layers.empty())
+      throw config_error("strata: the model has no layers: its build() must add some");
+    if (!loss_name.size())
+      throw config_error("strata: the model has no loss: its build() must end with b.loss(...)");
+    for (std::size_t i = 1; i < layers.size(); ++i)
+      if (layers[i].in != layers[i - 1].out)
+        throw config_error("strata: layer " + std::to_string(i) + " \"" + layers[i].name +
+                           "\" takes " + std::to_string(layers[i].in) + " features but layer " +
+                           std::to_string(i - 1) + " \"" + layers[i - 1].name + "\" gives " +
+                           std::to_string(layers[i - 1].out));
+    if (loss && loss->in_features() != layers.back().out)
+      throw config_error("strata: the loss \"" + loss_name + "\" takes " +
+                         std::to_string(loss->in_features()) + " classes but the last layer \"" +
+                         layers.back().name + "\" gives " + std::to_string(layers.back().out));
+  }
+
+  /// Lays the owned parameters out in backward order, allocates the flat buffers (padded to
+  /// pad_multiple) and binds every parameter to its views.
+  void lay_out(memory_ledger& ledger) {
+    params.clear();
+    layer_range.assign(layers.size(), {0, 0});
+    std::size_t offset = 0;
+    for (std::size_t l = layers.size(); l-- > 0;) {
+      if (!nodes[l])
+        continue;
+      std::size_t const begin = offset;
+      nodes[l]->for_each_parameter([&](nn::parameter<T>& p) {
+        params.push_back({&p, static_cast<std::uint32_t>(l), offset});
+        offset += p.size();
+      });
+      layer_range[l] = {begin, offset};
+    }
+    flat_size = offset;
+    std::size_t const padded = (offset + pad_multiple - 1) / pad_multiple * pad_multiple;
+    values = buffer<T>(padded, memory_kind::parameters, ledger);
+    grads = buffer<T>(padded, memory_kind::gradients, ledger);
+    std::memset(static_cast<void*>(values.data()), 0, padded * sizeof(T));
+    std::memset(static_cast<void*>(grads.data()), 0, padded * sizeof(T));
+    for (auto& e : params)
+      e.p->bind(values.data() + e.offset, grads.data() + e.offset);
+    optim_begin = norm_begin = 0;
+    optim_end = norm_end = padded;
+  }
+
+  /// Allocates the activation slots a program needs (buffers grow on first use).
+  void make_slots(program const& p) {
+    out.resize(layers.size());
+    saved.resize(layers.size());
+    dout.resize(layers.size());
+    in.resize(chunks.size());
+    din.resize(chunks.size());
+    for (std::size_t c = 0; c < chunks.size(); ++c) {
+      std::size_t const n = p.slots[c];
+      for (std::uint32_t l = chunks[c].first; l <= chunks[c].last; ++l) {
+        while (out[l].size() < n)
+          out[l].emplace_back(memory_kind::activations);
+        while (saved[l].size() < n)
+          saved[l].push_back(nodes[l]->make_saved());
+        dout[l] = nn::detail::workspace<T>(memory_kind::activations);
+      }
+      while (in[c].size() < n)
+        in[c].emplace_back(memory_kind::activations);
+      if (loss && chunks[c].has_loss)
+        for (std::size_t s = 0; s < n; ++s)
+          loss_saved(s);
+    }
+  }
+
+  std::size_t flat_padded() const noexcept { return values.size(); }
+
+  // ---- per step --------------------------------------------------------------------------
+
+  /// Sets the batch of the next run; checks its shape against the micro-batch count.
+  void set_batch(batch_view<T> const& b, std::size_t m) {
+    if (m == 0 || b.sequences % m != 0)
+      throw config_error("strata: a batch of " + std::to_string(b.sequences) +
+                         " sequences does not split into " + std::to_string(m) +
+                         " micro-batches: make the batch per rank a multiple of the "
+                         "micro-batch count");
+    std::size_t const rows = b.rows();
+    bool const first_stage = !chunks.empty() && chunks[0].first == 0 && nodes[0];
+    if (first_stage) {
+      if (layers[0].kind == node_kind::input && b.tokens.size() != rows)
+        throw shape_error("strata: the batch has " + std::to_string(b.tokens.size()) +
+                          " token ids for " + std::to_string(b.sequences) + " x " +
+                          std::to_string(b.seq) + " rows; the model's first layer \"" +
+                          layers[0].name + "\" reads one id per row");
+      if (layers[0].kind == node_kind::hidden && b.features.size() != rows * layers[0].in)
+        throw shape_error("strata: the batch has " + std::to_string(b.features.size()) +
+                          " feature values for " + std::to_string(rows) + " rows of " +
+                          std::to_string(layers[0].in) + " features (layer \"" +
+                          layers[0].name + "\")");
+    }
+    if (loss && training && b.targets.size() != rows)
+      throw shape_error("strata: the batch has " + std::to_string(b.targets.size()) +
+                        " targets for " + std::to_string(rows) + " rows");
+    batch = b;
+    micro_batches = m;
+    mb_sequences = b.sequences / m;
+  }
+
+  std::size_t mb_rows() const noexcept { return mb_sequences * batch.seq; }
+
+  nn::layer_context context(op const& o) const noexcept {
+    nn::layer_context c;
+    c.batch = mb_sequences;
+    c.seq = batch.seq;
+    c.micro_batch = o.micro_batch;
+    c.step = static_cast<std::uint64_t>(step);
+    c.seed = seed;
+    c.training = training;
+    c.recompute = o.recompute();
+    return c;
+  }
+
+  /// The input of layer l for op o: the previous layer's output, a received chunk input, or
+  /// the batch's features (layer 0 of a features model).
+  tensor_view<T const> input_of(op const& o) {
+    std::size_t const rows = mb_rows(), l = o.layer;
+    chunk_layers const& c = chunks[o.chunk];
+    if (l > c.first)
+      return out[l - 1][o.slot].view(rows, layers[l - 1].out);
+    if (l == 0)
+      return tensor_view<T const>(batch.features.data() + o.micro_batch * rows * layers[0].in,
+                                  {rows, layers[0].in});
+    return in[o.chunk][o.slot].view(rows, layers[l].in);
+  }
+
+  tensor_view<index_type const> ids_of(std::span<index_type const> s, op const& o) const {
+    std::size_t const rows = mb_rows();
+    return tensor_view<index_type const>(s.data() + o.micro_batch * rows, {rows});
+  }
+
+  void run_forward(op const& o) {
+    std::size_t const rows = mb_rows(), l = o.layer;
+    auto y = out[l][o.slot].get(rows, layers[l].out);
+    auto ctx = context(o);
+    if (layers[l].kind == node_kind::input)
+      nodes[l]->forward_ids(ctx, ids_of(batch.tokens, o), y, *saved[l][o.slot]);
+    else
+      nodes[l]->forward(ctx, input_of(o), y, *saved[l][o.slot]);
+  }
+
+  void run_loss(op const& o) {
+    std::size_t const rows = mb_rows(), l = o.layer;
+    auto logits = out[l][o.slot].view(rows, layers[l].out);
+    auto targets = ids_of(batch.targets, o);
+    auto ctx = context(o);
+    double const value = loss->loss_forward(ctx, logits, targets, *loss_saved(o.slot));
+    loss_sum += value;
+    if (training)
+      loss->loss_backward(ctx, logits, targets, *loss_saved(o.slot),
+                          dout[l].get(rows, layers[l].out), dloss);
+  }
+
+  void run_backward(op const& o) {
+    std::size_t const rows = mb_rows(), l = o.layer;
+    chunk_layers const& c = chunks[o.chunk];
+    auto ctx = context(o);
+    auto dy = dout[l].view(rows, layers[l].out);
+    if (layers[l].kind == node_kind::input) {
+      nodes[l]->backward_ids(ctx, ids_of(batch.tokens, o), *saved[l][o.slot], dy);
+      return;
+    }
+    tensor_view<T> dx{};
+    if (l > c.first)
+      dx = dout[l - 1].get(rows, layers[l].in);
+    else if (l > 0)
+      dx = din[o.chunk].get(rows, layers[l].in);
+    nodes[l]->backward(ctx, input_of(o), *saved[l][o.slot], dy, dx);
+  }
+
+  void run_zero_grad() {
+    std::memset(static_cast<void*>(grads.data()), 0, grads.size() * sizeof(T));
+    loss_sum = 0;
+    grad_norm = -1;
+    grad_scale = 1;
+    skip_step = false;
+  }
+
+  void run_clip() {
+    if (clip <= 0 && !want_norm)
+      return;
+    double sq = optim::sum_of_squares(
+        std::span<T const>(grads.data() + norm_begin, norm_end - norm_begin));
+    if (reduce_norm_sq)
+      reduce_norm_sq(sq);
+    if (!std::isfinite(sq)) {
+      grad_norm = sq;
+      if (!skip_step)
+        throw error("strata: the gradient norm is not finite at step " + std::to_string(step) +
+                    " (local loss " + std::to_string(loss_sum / double(micro_batches)) +
+                    "): the model diverged or the data holds inf/NaN; lower the learning rate, "
+                    "clip harder, or use a loss-scaling precision policy");
+      return;
+    }
+    if (clip > 0) {
+      auto const r = optim::clip_factor(sq, clip);
+      grad_norm = r.norm;
+      grad_scale *= r.factor;
+    } else {
+      grad_norm = std::sqrt(sq);
+    }
+  }
+
+  void run_optimizer_step() {
+    if (skip_step || optim_end <= optim_begin)
+      return;
+    optim::step_context c;
+    c.lr = lr ? lr(step) : 0.0;
+    c.step = step;
+    c.grad_scale = grad_scale;
+    optimizer->step(std::span<T>(values.data() + optim_begin, optim_end - optim_begin),
+                    std::span<T const>(grads.data() + optim_begin, optim_end - optim_begin), c,
+                    0);
+  }
+
+  /// The loss node's saved state of a slot (one per slot of the last chunk).
+  saved_base* loss_saved(std::size_t slot) {
+    while (loss_saves_.size() <= slot)
+      loss_saves_.push_back(loss->make_saved());
+    return loss_saves_[slot].get();
+  }
+
+private:
+  std::vector<std::unique_ptr<saved_base>> loss_saves_;
+};
+
+} // namespace strata::engine

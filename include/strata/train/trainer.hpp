@@ -1,0 +1,224 @@
+// trainer: builds the step program of a model under a plan and runs it, step after step.
+#pragma once
+
+#include <strata/core/error.hpp>
+#include <strata/core/memory.hpp>
+#include <strata/engine/batch.hpp>
+#include <strata/engine/executor.hpp>
+#include <strata/engine/node.hpp>
+#include <strata/engine/optimizer.hpp>
+#include <strata/engine/pass.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+#include <strata/engine/trace.hpp>
+#include <strata/nn/parameter.hpp>
+#include <strata/parallel/plan.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace strata {
+
+/// The settings of a trainer that are values, not types.
+struct trainer_options {
+  /// Learning rate of step k (from 1): a schedule such as optim::warmup_cosine_schedule, or
+  /// any callable. Required.
+  std::function<double(std::int64_t)> lr;
+  double clip = 0;            ///< max global gradient norm (torch's clip_grad_norm_); 0: none
+  bool grad_norm = false;     ///< compute the global gradient norm even without clipping
+  std::uint64_t seed = 0;     ///< parameter initialisation and dropout
+  std::size_t micro_batches = 0; ///< 0: the plan's (1 unless it names micro_batches<M>)
+  std::string label = "rank 0"; ///< the memory ledger's name
+};
+
+/// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
+/// ranks), the gradient norm (-1 when not computed), the learning rate, whether it was
+/// skipped, and where its time went.
+struct step_result {
+  std::int64_t step = 0;
+  double loss = 0;
+  double grad_norm = -1;
+  double lr = 0;
+  bool skipped = false;
+  double seconds = 0;       ///< the whole step
+  double forward = 0;       ///< forward and loss operations
+  double backward = 0;      ///< backward operations
+  double optimizer = 0;     ///< clipping and the optimizer
+  double communication = 0; ///< communication operations, waits included
+};
+
+/// Trains a model (engine::model) under a plan on this rank. Construction builds the model's
+/// layers (parameter storage deferred), lays its parameters out in flat buffers, initialises
+/// them from the seed (a function of each parameter's name and element index), makes the
+/// optimizer and builds the step program; step() runs the program.
+template <engine::model Model, class Plan = plan<>>
+class trainer {
+  static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
+
+public:
+  using value_type = typename Model::value_type;
+  using T = value_type;
+
+  /// One rank, no communicator: the reference every plan is checked against.
+  trainer(Model const& model, engine::optimizer_factory<T> optimizer, trainer_options options)
+      : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(options_.label)) {
+    ledger_scope scope(*ledger_);
+    if (!options_.lr)
+      throw config_error("strata: trainer_options::lr is not set: give a learning-rate "
+                         "schedule (optim::constant_schedule(3e-4) or a callable of the step)");
+    if (!optimizer)
+      throw config_error("strata: trainer without an optimizer: pass engine::use<...>(options)");
+    plan_descriptor const d = Plan::descriptor();
+    micro_batches_ = options_.micro_batches ? options_.micro_batches : d.micro_batches;
+    engine::model_builder<T> b;
+    {
+      nn::deferred_parameters deferred;
+      model.build(b);
+    }
+    std::uint32_t const n = static_cast<std::uint32_t>(b.info().size());
+    state_.adopt(b, {{0, n == 0 ? 0 : n - 1, true}});
+    state_.seed = options_.seed;
+    state_.lr = options_.lr;
+    state_.clip = options_.clip;
+    state_.want_norm = options_.grad_norm;
+    for (auto& p : passes_)
+      p->configure(state_);
+    state_.lay_out(*ledger_);
+    for (auto& e : state_.params)
+      e.p->init(options_.seed);
+    state_.optimizer = optimizer(state_.optim_end - state_.optim_begin);
+    ledger_->record_allocate(memory_kind::optimizer_state, state_.optimizer->state_bytes());
+    optimizer_bytes_ = state_.optimizer->state_bytes();
+    for (auto& p : passes_)
+      p->setup(state_);
+    program_ = build(micro_batches_, true);
+    state_.make_slots(program_);
+    trace_.reset(program_.ops.size());
+  }
+
+  ~trainer() {
+    if (ledger_)
+      ledger_->record_free(memory_kind::optimizer_state, optimizer_bytes_);
+  }
+  trainer(trainer const&) = delete;
+  trainer& operator=(trainer const&) = delete;
+
+  /// One optimizer step on this rank's batch: zero the gradients, forward, loss and backward
+  /// of each micro-batch (gradients accumulate), clip, update.
+  step_result step(engine::batch_view<T> const& batch) {
+    ledger_scope scope(*ledger_);
+    state_.training = true;
+    state_.set_batch(batch, micro_batches_);
+    state_.dloss = 1.0 / static_cast<double>(micro_batches_);
+    state_.step = state_.step + 1;
+    exec_.run(program_, state_, passes_, trace_);
+    step_result r;
+    r.step = state_.step;
+    r.loss = state_.loss_sum / static_cast<double>(micro_batches_);
+    for (auto& p : passes_)
+      p->reduce_loss(r.loss);
+    r.grad_norm = state_.grad_norm;
+    r.lr = options_.lr(state_.step);
+    r.skipped = state_.skip_step;
+    r.seconds = trace_.total();
+    r.forward = trace_.seconds(engine::op_category::forward);
+    r.backward = trace_.seconds(engine::op_category::backward);
+    r.optimizer = trace_.seconds(engine::op_category::optimizer);
+    r.communication = trace_.seconds(engine::op_category::communication);
+    if (!std::isfinite(r.loss))
+      throw error("strata: the loss is " + std::to_string(r.loss) + " at step " +
+                  std::to_string(r.step) +
+                  ": the model diverged or the data holds inf/NaN; lower the learning rate or "
+                  "clip the gradients (trainer_options::clip)");
+    return r;
+  }
+
+  /// The mean loss over a batch, forward only (dropout off), in micro-batches of the
+  /// training micro-batch size when the batch divides into them. Changes nothing.
+  double evaluate(engine::batch_view<T> const& batch) {
+    ledger_scope scope(*ledger_);
+    std::size_t m = 1;
+    if (state_.mb_sequences && batch.sequences % state_.mb_sequences == 0)
+      m = batch.sequences / state_.mb_sequences;
+    if (eval_.ops.empty() || eval_.micro_batches != m) {
+      eval_ = build(m, false);
+      state_.make_slots(eval_);
+    }
+    state_.training = false;
+    double const saved_loss = state_.loss_sum;
+    state_.loss_sum = 0;
+    try {
+      state_.set_batch(batch, m);
+      exec_.run(eval_, state_, passes_, eval_trace_);
+    } catch (...) {
+      state_.training = true;
+      state_.loss_sum = saved_loss;
+      throw;
+    }
+    double loss = state_.loss_sum / static_cast<double>(m);
+    state_.training = true;
+    state_.loss_sum = saved_loss;
+    for (auto& p : passes_)
+      p->reduce_loss(loss);
+    return loss;
+  }
+
+  /// f(parameter&) for each parameter this rank holds, in flat (backward) order.
+  template <class F>
+  void for_each_parameter(F&& f) {
+    for (auto& e : state_.params)
+      f(*e.p);
+  }
+  /// The parameter called name on this rank, or null.
+  nn::parameter<T>* find_parameter(std::string const& name) {
+    for (auto& e : state_.params)
+      if (e.p->name() == name)
+        return e.p;
+    return nullptr;
+  }
+
+  std::int64_t steps() const noexcept { return state_.step; }
+  std::size_t micro_batches() const noexcept { return micro_batches_; }
+  /// Elements of the model's parameters on this rank.
+  std::size_t parameter_count() const noexcept { return state_.flat_size; }
+  engine::state<T>& state() noexcept { return state_; }
+  engine::program const& program() const noexcept { return program_; }
+  engine::trace const& trace() const noexcept { return trace_; }
+  memory_ledger& ledger() noexcept { return *ledger_; }
+  engine::optimizer_slot<T>& optimizer() noexcept { return *state_.optimizer; }
+  /// The training program as a table, one operation a line.
+  std::string describe() const {
+    return program_.table([this](std::uint16_t id) { return std::string(passes_[id]->name()); });
+  }
+
+private:
+  engine::program build(std::size_t m, bool training) {
+    auto p = engine::program::from_schedule(engine::sequential_schedule(m), state_.chunks, m,
+                                            training);
+    for (std::size_t i = 0; i < passes_.size(); ++i) {
+      if (training)
+        passes_[i]->rewrite(p, static_cast<std::uint16_t>(i));
+      else
+        passes_[i]->rewrite_eval(p, static_cast<std::uint16_t>(i));
+    }
+    return p;
+  }
+
+  trainer_options options_;
+  std::unique_ptr<memory_ledger> ledger_;
+  std::size_t micro_batches_ = 1;
+  std::size_t optimizer_bytes_ = 0;
+  engine::state<T> state_;
+  std::vector<std::unique_ptr<engine::pass<T>>> passes_;
+  engine::program program_, eval_;
+  engine::executor<T> exec_;
+  engine::trace trace_, eval_trace_;
+};
+
+} // namespace strata
