@@ -21,8 +21,7 @@ namespace strata::engine {
 template <class T>
 class executor {
 public:
-  void run(program const& p, state<T>& s, std::vector<std::unique_ptr<pass<T>>>& passes,
-           trace& t) {
+  void run(program const& p, state<T>& s, std::vector<std::unique_ptr<pass<T>>>& passes, trace& t) {
     t.begin_step();
     std::uint32_t i = 0;
     try {

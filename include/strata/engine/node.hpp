@@ -61,8 +61,8 @@ public:
     wrong("backward on activations");
   }
   // input
-  virtual void forward_ids(nn::layer_context const&, tensor_view<index_type const>,
-                           tensor_view<T>, saved_base&) {
+  virtual void forward_ids(nn::layer_context const&, tensor_view<index_type const>, tensor_view<T>,
+                           saved_base&) {
     wrong("forward on token ids");
   }
   virtual void backward_ids(nn::layer_context const&, tensor_view<index_type const>,
@@ -153,8 +153,8 @@ public:
   node_kind kind() const noexcept override { return node_kind::input; }
   std::size_t in_features() const noexcept override { return this->layer_.vocab(); }
   std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
-  void forward_ids(nn::layer_context const& c, tensor_view<index_type const> ids,
-                   tensor_view<T> y, saved_base& s) override {
+  void forward_ids(nn::layer_context const& c, tensor_view<index_type const> ids, tensor_view<T> y,
+                   saved_base& s) override {
     this->layer_.forward(c, ids, y, unbox<L>(s));
   }
   void backward_ids(nn::layer_context const& c, tensor_view<index_type const> ids,
@@ -209,9 +209,8 @@ public:
     static_assert(std::same_as<typename U::value_type, T>,
                   "strata: a layer's value_type differs from the model's");
     if (!info_.empty())
-      throw config_error("strata: model_builder::input(\"" + std::string(l.name()) +
-                         "\") after " + std::to_string(info_.size()) +
-                         " layers: the input layer comes first");
+      throw config_error("strata: model_builder::input(\"" + std::string(l.name()) + "\") after " +
+                         std::to_string(info_.size()) + " layers: the input layer comes first");
     push(std::make_unique<detail::input_node<U, T>>(std::move(l)));
   }
   template <class L>
@@ -272,6 +271,8 @@ private:
 ///     }
 ///   };
 template <class M>
-concept model = requires(M const& m, model_builder<typename M::value_type>& b) { m.build(b); };
+concept model = requires(M const& m, model_builder<typename M::value_type>& b) {
+  m.build(b);
+};
 
 } // namespace strata::engine

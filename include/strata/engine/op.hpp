@@ -29,8 +29,8 @@ inline constexpr int op_code_count = 13;
 
 constexpr std::string_view name_of(op_code c) noexcept {
   constexpr std::string_view names[op_code_count] = {
-      "zero_grad", "forward", "loss", "backward", "clip",   "optimizer_step", "send",
-      "recv",      "collective", "wait", "gather", "free", "custom"};
+      "zero_grad", "forward",    "loss", "backward", "clip", "optimizer_step", "send",
+      "recv",      "collective", "wait", "gather",   "free", "custom"};
   return names[static_cast<int>(c)];
 }
 

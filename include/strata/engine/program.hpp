@@ -56,8 +56,8 @@ public:
   /// simulating the schedule: a micro-batch holds a slot of a chunk from the chunk's first
   /// forward to its last backward.
   static program from_schedule(std::vector<schedule_entry> const& schedule,
-                               std::vector<chunk_layers> const& chunks,
-                               std::size_t micro_batches, bool training) {
+                               std::vector<chunk_layers> const& chunks, std::size_t micro_batches,
+                               bool training) {
     program p;
     p.micro_batches = micro_batches;
     p.slots.assign(chunks.size(), 0);
@@ -178,8 +178,9 @@ public:
     char line[160];
     for (std::size_t i = 0; i < ops.size(); ++i) {
       op const& o = ops[i];
-      std::snprintf(line, sizeof line, "%5zu  %-14.*s layer %-3u mb %-3u chunk %-2u slot %-2u arg %-4u",
-                    i, static_cast<int>(name_of(o.code).size()), name_of(o.code).data(), o.layer,
+      std::snprintf(line, sizeof line,
+                    "%5zu  %-14.*s layer %-3u mb %-3u chunk %-2u slot %-2u arg %-4u", i,
+                    static_cast<int>(name_of(o.code).size()), name_of(o.code).data(), o.layer,
                     o.micro_batch, o.chunk, o.slot, o.arg);
       s += line;
       if (o.first())

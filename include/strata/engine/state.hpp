@@ -53,16 +53,16 @@ public:
 
   // ---- the model on this rank ------------------------------------------------------------
   std::vector<typename model_builder<T>::layer_info> layers; // every layer of the model
-  std::vector<std::unique_ptr<node<T>>> nodes;              // by global layer; null if not owned
-  std::unique_ptr<node<T>> loss;                            // on the rank with the last layer
-  std::vector<chunk_layers> chunks;                         // this rank's chunks
+  std::vector<std::unique_ptr<node<T>>> nodes;               // by global layer; null if not owned
+  std::unique_ptr<node<T>> loss;                             // on the rank with the last layer
+  std::vector<chunk_layers> chunks;                          // this rank's chunks
   std::string loss_name;
 
   // ---- parameters ------------------------------------------------------------------------
-  std::vector<parameter_entry<T>> params; // flat order
+  std::vector<parameter_entry<T>> params;                       // flat order
   std::vector<std::pair<std::size_t, std::size_t>> layer_range; // flat [begin, end) by layer
   buffer<T> values, grads;
-  std::size_t flat_size = 0;   // elements of the parameters (without padding)
+  std::size_t flat_size = 0;    // elements of the parameters (without padding)
   std::size_t pad_multiple = 1; // a pass may ask the flat size to be a multiple of this
 
   // ---- optimizer -------------------------------------------------------------------------
@@ -197,8 +197,8 @@ public:
       if (layers[0].kind == node_kind::hidden && b.features.size() != rows * layers[0].in)
         throw shape_error("strata: the batch has " + std::to_string(b.features.size()) +
                           " feature values for " + std::to_string(rows) + " rows of " +
-                          std::to_string(layers[0].in) + " features (layer \"" +
-                          layers[0].name + "\")");
+                          std::to_string(layers[0].in) + " features (layer \"" + layers[0].name +
+                          "\")");
     }
     if (loss && training && b.targets.size() != rows)
       throw shape_error("strata: the batch has " + std::to_string(b.targets.size()) +
@@ -290,8 +290,8 @@ public:
   void run_clip() {
     if (clip <= 0 && !want_norm)
       return;
-    double sq = optim::sum_of_squares(
-        std::span<T const>(grads.data() + norm_begin, norm_end - norm_begin));
+    double sq =
+        optim::sum_of_squares(std::span<T const>(grads.data() + norm_begin, norm_end - norm_begin));
     if (reduce_norm_sq)
       reduce_norm_sq(sq);
     if (!std::isfinite(sq)) {
@@ -320,8 +320,7 @@ public:
     c.step = step;
     c.grad_scale = grad_scale;
     optimizer->step(std::span<T>(values.data() + optim_begin, optim_end - optim_begin),
-                    std::span<T const>(grads.data() + optim_begin, optim_end - optim_begin), c,
-                    0);
+                    std::span<T const>(grads.data() + optim_begin, optim_end - optim_begin), c, 0);
   }
 
   /// The loss node's saved state of a slot (one per slot of the last chunk).

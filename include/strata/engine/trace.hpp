@@ -70,11 +70,11 @@ public:
     char line[160];
     for (std::size_t i = 0; i < count_; ++i) {
       op const& o = p.ops[events_[i].index];
-      std::snprintf(line, sizeof line, "%5u  %-14.*s layer %-3u mb %-3u arg %-4u %10.1f us %9.1f us\n",
-                    events_[i].index, static_cast<int>(name_of(o.code).size()),
-                    name_of(o.code).data(), o.layer, o.micro_batch, o.arg,
-                    double(events_[i].begin_ns) * 1e-3,
-                    double(events_[i].end_ns - events_[i].begin_ns) * 1e-3);
+      std::snprintf(
+          line, sizeof line, "%5u  %-14.*s layer %-3u mb %-3u arg %-4u %10.1f us %9.1f us\n",
+          events_[i].index, static_cast<int>(name_of(o.code).size()), name_of(o.code).data(),
+          o.layer, o.micro_batch, o.arg, double(events_[i].begin_ns) * 1e-3,
+          double(events_[i].end_ns - events_[i].begin_ns) * 1e-3);
       s += line;
     }
     return s;

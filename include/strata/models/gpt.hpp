@@ -35,12 +35,11 @@ struct gpt_model {
     gpt_config const& c = config;
     b.input(nn::embedding<T>("embed", c.vocab, c.seq, c.features));
     for (std::size_t i = 0; i < c.layers; ++i)
-      b.add(nn::transformer_block<T>("blocks." + std::to_string(i),
-                                     {.features = c.features,
-                                      .heads = c.heads,
-                                      .hidden = 4 * c.features,
-                                      .dropout = c.dropout,
-                                      .n_layers = c.layers}));
+      b.add(nn::transformer_block<T>("blocks." + std::to_string(i), {.features = c.features,
+                                                                     .heads = c.heads,
+                                                                     .hidden = 4 * c.features,
+                                                                     .dropout = c.dropout,
+                                                                     .n_layers = c.layers}));
     b.add(nn::layer_norm<T>("norm", c.features));
     b.add(nn::linear<T>("head", c.features, c.vocab, false));
     b.loss(nn::softmax_cross_entropy<T>("loss", c.vocab));

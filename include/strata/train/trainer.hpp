@@ -30,11 +30,11 @@ struct trainer_options {
   /// Learning rate of step k (from 1): a schedule such as optim::warmup_cosine_schedule, or
   /// any callable. Required.
   std::function<double(std::int64_t)> lr;
-  double clip = 0;            ///< max global gradient norm (torch's clip_grad_norm_); 0: none
-  bool grad_norm = false;     ///< compute the global gradient norm even without clipping
-  std::uint64_t seed = 0;     ///< parameter initialisation and dropout
+  double clip = 0;               ///< max global gradient norm (torch's clip_grad_norm_); 0: none
+  bool grad_norm = false;        ///< compute the global gradient norm even without clipping
+  std::uint64_t seed = 0;        ///< parameter initialisation and dropout
   std::size_t micro_batches = 0; ///< 0: the plan's (1 unless it names micro_batches<M>)
-  std::string label = "rank 0"; ///< the memory ledger's name
+  std::string label = "rank 0";  ///< the memory ledger's name
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
@@ -199,8 +199,8 @@ public:
 
 private:
   engine::program build(std::size_t m, bool training) {
-    auto p = engine::program::from_schedule(engine::sequential_schedule(m), state_.chunks, m,
-                                            training);
+    auto p =
+        engine::program::from_schedule(engine::sequential_schedule(m), state_.chunks, m, training);
     for (std::size_t i = 0; i < passes_.size(); ++i) {
       if (training)
         passes_[i]->rewrite(p, static_cast<std::uint16_t>(i));

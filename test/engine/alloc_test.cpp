@@ -1,0 +1,57 @@
+// A training step allocates nothing from the third step on: the GPT and the MLP under the
+// trainer, with accumulation, clipping and AdamW (operator new counted for all threads).
+#include <strata/models/gpt.hpp>
+#include <strata/models/mlp.hpp>
+#include <strata/optim/adamw.hpp>
+#include <strata/train/trainer.hpp>
+
+#include "../support/count_allocations.hpp"
+#include "../support/seed.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+using strata::test::allocations;
+namespace st = strata;
+
+TEMPLATE_TEST_CASE("a trainer's step allocates nothing from the third step on", "[engine][alloc]",
+                   st::plan<>, st::plan<st::micro_batches<2>>) {
+  std::uint64_t const seed = st::test::seed();
+  st::models::gpt_model<float> gpt{
+      {.vocab = 40, .seq = 8, .features = 32, .heads = 4, .layers = 2, .dropout = 0.1}};
+  st::trainer<decltype(gpt), TestType> t(
+      gpt, st::engine::use<st::optim::adamw<float>>(),
+      {.lr = [](std::int64_t) { return 1e-3; }, .clip = 0.5, .seed = seed});
+  std::vector<std::int32_t> tokens(4 * 8), targets(4 * 8);
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 40);
+    targets[i] = static_cast<std::int32_t>(st::test::mix(seed + 1, i) % 40);
+  }
+  st::engine::batch_view<float> b{4, 8, tokens, {}, targets};
+  t.step(b);
+  t.step(b);
+  auto const before = allocations.load();
+  auto const ledger_before = t.ledger().allocations();
+  for (int k = 0; k < 3; ++k)
+    t.step(b);
+  CHECK(allocations.load() == before);
+  CHECK(t.ledger().allocations() == ledger_before);
+
+  st::models::mlp_model<float> mlp{64, 64, 3, 10};
+  st::trainer<decltype(mlp), TestType> m(mlp, st::engine::use<st::optim::adamw<float>>(),
+                                         {.lr = [](std::int64_t) { return 1e-3; }, .seed = seed});
+  std::vector<float> x(4 * 64);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(st::test::mix(seed, i) % 1000) * 1e-3f - 0.5f;
+  std::vector<std::int32_t> y(4);
+  for (std::size_t i = 0; i < y.size(); ++i)
+    y[i] = static_cast<std::int32_t>(st::test::mix(seed + 2, i) % 10);
+  st::engine::batch_view<float> mb{4, 1, {}, x, y};
+  m.step(mb);
+  m.step(mb);
+  auto const before2 = allocations.load();
+  for (int k = 0; k < 3; ++k)
+    m.step(mb);
+  CHECK(allocations.load() == before2);
+}

@@ -1,0 +1,249 @@
+// The parity harness: a plan must train like one device on the same global batch
+// (DESIGN.md, "Correctness: parity is the contract").
+#pragma once
+
+#include "seed.hpp"
+
+#include <strata/engine/batch.hpp>
+#include <strata/optim/adamw.hpp>
+#include <strata/optim/sgd.hpp>
+#include <strata/train/trainer.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace strata::test {
+
+enum class parity_optimizer { sgd, adamw };
+
+/// One line of the harness: how to train and what to compare.
+struct parity_options {
+  std::size_t steps = 5;     ///< k >= 5 steps
+  std::size_t sequences = 8; ///< the global batch
+  std::size_t seq = 1;       ///< tokens a sequence (1 for feature models)
+  parity_optimizer optimizer = parity_optimizer::adamw;
+  double lr = 1e-2;
+  double clip = 0;               ///< > 0: clipping must be active (max norm below the norm)
+  std::uint64_t seed = 0;        ///< 0: the test seed (STRATA_TEST_SEED)
+  std::size_t micro_batches = 0; ///< 0: the plan's
+  double fault_lr_scale = 1;     ///< != 1: the plan runs with a wrong learning rate (a
+                                 ///< stand-in for a gradient scaled by a constant), to show
+                                 ///< that the harness catches it
+};
+
+/// What the harness measured: the worst ratio to its tolerance of each criterion (<= 1
+/// passes) and the tensor it came from.
+struct parity_report {
+  bool ok = true;
+  std::string message;                  ///< every failure, one a line
+  double loss = 0, grad = 0, param = 0; ///< worst error / tolerance
+  std::vector<double> ref_loss, run_loss;
+  std::size_t tensors = 0;
+  std::string summary() const {
+    char s[200];
+    std::snprintf(s, sizeof s,
+                  "parity %s: %zu tensors, worst loss %.3g, gradient %.3g, parameter %.3g of "
+                  "tolerance",
+                  ok ? "ok" : "FAILED", tensors, loss, grad, param);
+    return s + (ok ? std::string() : "\n" + message);
+  }
+};
+
+/// The DESIGN.md tolerances for element type T.
+template <class T>
+struct parity_tolerance {
+  static constexpr bool f64 = std::is_same_v<T, double>;
+  static constexpr double loss = f64 ? 1e-12 : 1e-5; // relative, every step
+  static constexpr double grad = f64 ? 1e-10 : 1e-5; // ||dg||2 / ||g_ref||2, first backward
+  // f64: ||dp||inf <= 1e-9 ||p_ref - p0||inf;  f32: ||dp||2 / ||p_ref - p0||2 <= 1e-4
+  static constexpr double param = f64 ? 1e-9 : 1e-4;
+};
+
+/// The global batch of a parity check: random tokens or features and targets from the seed.
+template <class T>
+struct parity_data {
+  std::vector<std::int32_t> tokens, targets;
+  std::vector<T> features;
+  engine::batch_view<T> view(std::size_t sequences, std::size_t seq) const {
+    return {sequences, seq, tokens, features, targets};
+  }
+  /// Sequences [first, first + count) of the global batch, as one rank's slice.
+  engine::batch_view<T> slice(std::size_t first, std::size_t count, std::size_t seq,
+                              std::size_t in) const {
+    engine::batch_view<T> b{count, seq};
+    std::size_t const r0 = first * seq, rows = count * seq;
+    if (!tokens.empty())
+      b.tokens = std::span<std::int32_t const>(tokens).subspan(r0, rows);
+    if (!features.empty())
+      b.features = std::span<T const>(features).subspan(r0 * in, rows * in);
+    b.targets = std::span<std::int32_t const>(targets).subspan(r0, rows);
+    return b;
+  }
+};
+
+namespace detail {
+
+template <class T>
+engine::optimizer_factory<T> parity_optimizer_of(parity_options const& o) {
+  if (o.optimizer == parity_optimizer::sgd)
+    return engine::use<optim::sgd<T>>({.momentum = 0.9});
+  // eps 1e-6 in f32: the attention's key bias has an exactly zero gradient (softmax ignores
+  // a constant added to every score), so its computed gradient is rounding noise (~1e-10),
+  // which Adam would divide by sqrt(v) ~ that same noise and turn into full-size random
+  // steps with eps 1e-8. With 1e-6 such noise moves nothing; real gradients are >= 1e-4.
+  return engine::use<optim::adamw<T>>(
+      {.eps = std::is_same_v<T, float> ? 1e-6 : 1e-8, .weight_decay = 0.1});
+}
+
+template <class T>
+std::map<std::string, std::vector<T>> snapshot(auto& tr, bool grads) {
+  std::map<std::string, std::vector<T>> m;
+  tr.for_each_parameter([&](auto& p) {
+    auto s = grads ? p.grads() : p.values();
+    m[p.name()] = std::vector<T>(s.begin(), s.end());
+  });
+  return m;
+}
+
+inline double rel(double a, double b) {
+  return std::abs(a - b) / std::max(std::abs(b), 1e-300);
+}
+
+} // namespace detail
+
+/// Makes the random global batch of a check for a model (token ids in [0, vocab) when its
+/// first layer is an input layer, else normal features) with targets in [0, classes).
+template <engine::model Model>
+parity_data<typename Model::value_type>
+make_parity_data(Model const& model, parity_options const& o, std::uint64_t seed) {
+  using T = typename Model::value_type;
+  engine::model_builder<T> b;
+  {
+    nn::deferred_parameters deferred;
+    model.build(b);
+  }
+  auto const& first = b.info().front();
+  std::size_t const rows = o.sequences * o.seq, classes = b.loss_node()->in_features();
+  parity_data<T> d;
+  if (first.kind == engine::node_kind::input) {
+    d.tokens.resize(rows);
+    for (std::size_t i = 0; i < rows; ++i)
+      d.tokens[i] = static_cast<std::int32_t>(mix(seed, i) % first.in);
+  } else {
+    d.features.resize(rows * first.in);
+    for (std::size_t i = 0; i < d.features.size(); ++i) {
+      double const u = double(mix(seed ^ 0xfeed, i) >> 11) * 0x1.0p-53;
+      d.features[i] = static_cast<T>(2 * u - 1);
+    }
+  }
+  d.targets.resize(rows);
+  for (std::size_t i = 0; i < rows; ++i)
+    d.targets[i] = static_cast<std::int32_t>(mix(seed ^ 0x7a5, i) % classes);
+  return d;
+}
+
+/// Trains `model` under Plan and under one rank with no strategy (micro_batches 1) on the
+/// same global batch for o.steps steps, and checks the contract: losses at every step,
+/// gradients after the first backward, parameters after the last step, per tensor.
+template <class Plan, engine::model Model>
+parity_report check_parity(Model const& model, parity_options o) {
+  using T = typename Model::value_type;
+  using tol = parity_tolerance<T>;
+  if (o.seed == 0)
+    o.seed = seed();
+  std::uint64_t const init_seed = mix(o.seed, 1), data_seed = mix(o.seed, 2);
+  auto const data = make_parity_data(model, o, data_seed);
+  trainer_options to;
+  double const lr = o.lr;
+  to.lr = [lr](std::int64_t) { return lr; };
+  to.clip = o.clip;
+  to.grad_norm = true;
+  to.seed = init_seed;
+
+  trainer<Model> ref(model, detail::parity_optimizer_of<T>(o), to);
+  trainer_options ro = to;
+  ro.micro_batches = o.micro_batches;
+  double const run_lr = o.lr * o.fault_lr_scale;
+  ro.lr = [run_lr](std::int64_t) { return run_lr; };
+  trainer<Model, Plan> run(model, detail::parity_optimizer_of<T>(o), ro);
+
+  parity_report r;
+  auto fail = [&](std::string const& m) {
+    r.ok = false;
+    r.message += m + "\n";
+  };
+  auto const p0 = detail::snapshot<T>(ref, false);
+  std::map<std::string, std::vector<T>> g_ref, g_run;
+  auto const batch = data.view(o.sequences, o.seq);
+  for (std::size_t k = 1; k <= o.steps; ++k) {
+    auto const a = ref.step(batch);
+    auto const b = run.step(batch);
+    r.ref_loss.push_back(a.loss);
+    r.run_loss.push_back(b.loss);
+    double const e = detail::rel(b.loss, a.loss) / tol::loss;
+    r.loss = std::max(r.loss, e);
+    if (e > 1)
+      fail("step " + std::to_string(k) + ": loss " + std::to_string(b.loss) + " vs one rank " +
+           std::to_string(a.loss));
+    if (k == 1) {
+      if (o.clip > 0 && !(a.grad_norm > o.clip))
+        fail("clipping is not active: the norm " + std::to_string(a.grad_norm) +
+             " is not above max_norm " + std::to_string(o.clip));
+      g_ref = detail::snapshot<T>(ref, true);
+      g_run = detail::snapshot<T>(run, true);
+    }
+  }
+  auto const p_ref = detail::snapshot<T>(ref, false);
+  auto const p_run = detail::snapshot<T>(run, false);
+  r.tensors = p_ref.size();
+  if (p_run.size() != p_ref.size())
+    fail("the plan holds " + std::to_string(p_run.size()) + " tensors, one rank " +
+         std::to_string(p_ref.size()));
+  for (auto const& [name, ref_v] : p_ref) {
+    auto it = p_run.find(name);
+    if (it == p_run.end()) {
+      fail("tensor " + name + " missing under the plan");
+      continue;
+    }
+    auto const& run_v = it->second;
+    auto const& g0 = g_ref.at(name);
+    auto const& g1 = g_run.at(name);
+    auto const& init = p0.at(name);
+    double dg = 0, gn = 0, dp2 = 0, mv2 = 0, dpi = 0, mvi = 0;
+    for (std::size_t i = 0; i < ref_v.size(); ++i) {
+      double const d = double(g1[i]) - double(g0[i]);
+      dg += d * d;
+      gn += double(g0[i]) * double(g0[i]);
+      double const dp = double(run_v[i]) - double(ref_v[i]);
+      double const mv = double(ref_v[i]) - double(init[i]);
+      dp2 += dp * dp;
+      mv2 += mv * mv;
+      dpi = std::max(dpi, std::abs(dp));
+      mvi = std::max(mvi, std::abs(mv));
+    }
+    double const ge = (gn > 0 ? std::sqrt(dg / gn) : std::sqrt(dg)) / tol::grad;
+    double const pe =
+        (tol::f64 ? dpi / std::max(mvi, 1e-300) : std::sqrt(dp2 / std::max(mv2, 1e-300))) /
+        tol::param;
+    r.grad = std::max(r.grad, ge);
+    r.param = std::max(r.param, pe);
+    if (!(ge <= 1))
+      fail("tensor " + name + ": first gradient differs by " + std::to_string(ge) + " x tolerance");
+    if (!(pe <= 1))
+      fail("tensor " + name + ": parameters after " + std::to_string(o.steps) +
+           " steps differ by " + std::to_string(pe) + " x tolerance");
+  }
+  if (char const* v = std::getenv("STRATA_PARITY_VERBOSE"); v && *v == '1')
+    std::fprintf(stderr, "%s\n", r.summary().c_str());
+  return r;
+}
+
+} // namespace strata::test
