@@ -43,3 +43,26 @@
 #include <strata/nn/parameter.hpp>
 #include <strata/nn/sequence.hpp>
 #include <strata/nn/transformer_block.hpp>
+
+#include <strata/data/batch.hpp>
+#include <strata/data/dataset.hpp>
+#include <strata/data/loader.hpp>
+#include <strata/data/sampler.hpp>
+#include <strata/data/text_dataset.hpp>
+
+#include <strata/engine/batch.hpp>
+#include <strata/engine/executor.hpp>
+#include <strata/engine/node.hpp>
+#include <strata/engine/op.hpp>
+#include <strata/engine/optimizer.hpp>
+#include <strata/engine/pass.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+#include <strata/engine/trace.hpp>
+
+#include <strata/parallel/plan.hpp>
+
+#include <strata/train/trainer.hpp>
+
+#include <strata/models/gpt.hpp>
+#include <strata/models/mlp.hpp>

@@ -3,6 +3,7 @@
 
 #include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
+#include <strata/data/batch.hpp>
 #include <strata/engine/batch.hpp>
 #include <strata/engine/executor.hpp>
 #include <strata/engine/node.hpp>
@@ -139,6 +140,10 @@ public:
     return r;
   }
 
+  /// One step on a loader's batch of token ids and next-token targets.
+  step_result step(data::token_batch const& b) { return step(view_of(b)); }
+  double evaluate(data::token_batch const& b) { return evaluate(view_of(b)); }
+
   /// The mean loss over a batch, forward only (dropout off), in micro-batches of the
   /// training micro-batch size when the batch divides into them. Changes nothing.
   double evaluate(engine::batch_view<T> const& batch) {
@@ -198,6 +203,10 @@ public:
   }
 
 private:
+  static engine::batch_view<T> view_of(data::token_batch const& b) {
+    return {b.sequences, b.seq, b.tokens, {}, b.targets};
+  }
+
   engine::program build(std::size_t m, bool training) {
     auto p =
         engine::program::from_schedule(engine::sequential_schedule(m), state_.chunks, m, training);
