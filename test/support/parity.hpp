@@ -4,6 +4,9 @@
 
 #include "seed.hpp"
 
+#include <strata/comm/local.hpp>
+#include <strata/comm/mesh.hpp>
+#include <strata/comm/reduce_op.hpp>
 #include <strata/engine/batch.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/sgd.hpp>
@@ -15,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <string>
 #include <type_traits>
@@ -150,11 +154,55 @@ make_parity_data(Model const& model, parity_options const& o, std::uint64_t seed
   return d;
 }
 
-/// Trains `model` under Plan and under one rank with no strategy (micro_batches 1) on the
-/// same global batch for o.steps steps, and checks the contract: losses at every step,
-/// gradients after the first backward, parameters after the last step, per tensor.
-template <class Plan, engine::model Model>
-parity_report check_parity(Model const& model, parity_options o) {
+namespace detail {
+
+// A rank's tensors as full-size arrays for gathering: max and min over ranks of each element,
+// where a rank that does not hold an element contributes -inf and +inf. After the
+// reductions, max == -inf means no rank holds the element; max != min means two replicas
+// disagree.
+template <class T>
+struct gathered {
+  std::vector<std::string> names;
+  std::vector<std::vector<T>> hi, lo;
+};
+
+template <class T, class Trainer, class C>
+gathered<T> gather(Trainer& tr, C& world, std::vector<std::string> const& names,
+                   std::vector<std::size_t> const& sizes, bool grads) {
+  gathered<T> g;
+  g.names = names;
+  std::map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    index[names[i]] = i;
+    g.hi.emplace_back(sizes[i], -std::numeric_limits<T>::infinity());
+    g.lo.emplace_back(sizes[i], std::numeric_limits<T>::infinity());
+  }
+  tr.for_each_parameter([&](auto& p) {
+    auto it = index.find(p.name());
+    if (it == index.end())
+      throw check_failed("the plan holds a tensor \"" + p.name() + "\" that one rank does not");
+    auto s = grads ? p.grads() : p.values();
+    std::copy(s.begin(), s.end(), g.hi[it->second].begin());
+    std::copy(s.begin(), s.end(), g.lo[it->second].begin());
+  });
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    world.all_reduce(std::span<T>(g.hi[i]), comm::reduce_op::max);
+    world.all_reduce(std::span<T>(g.lo[i]), comm::reduce_op::min);
+  }
+  return g;
+}
+
+} // namespace detail
+
+/// Trains `model` under Plan on `world` (a mesh of the given shape; each rank given only its
+/// data-parallel slice of the global batch) and under one rank with no strategy
+/// (micro_batches 1, the whole batch; every rank computes it) for o.steps steps, and checks
+/// the contract: losses at every step, gradients after the first backward, parameters after
+/// the last step, per tensor, gathered over the ranks that hold them; and that replicas
+/// agree bit for bit. Every rank returns the same report.
+template <class Plan, engine::model Model, comm::communicator C>
+parity_report check_parity(C& world, Model const& model, parity_options o,
+                           comm::mesh_shape shape = {}) {
   using T = typename Model::value_type;
   using tol = parity_tolerance<T>;
   if (o.seed == 0)
@@ -169,28 +217,45 @@ parity_report check_parity(Model const& model, parity_options o) {
   to.seed = init_seed;
 
   trainer<Model> ref(model, detail::parity_optimizer_of<T>(o), to);
+  comm::mesh<C> mesh(world, shape);
   trainer_options ro = to;
   ro.micro_batches = o.micro_batches;
   double const run_lr = o.lr * o.fault_lr_scale;
   ro.lr = [run_lr](std::int64_t) { return run_lr; };
-  trainer<Model, Plan> run(model, detail::parity_optimizer_of<T>(o), ro);
+  trainer<Model, Plan> run(mesh, model, detail::parity_optimizer_of<T>(o), ro);
+
+  std::size_t const dp = static_cast<std::size_t>(mesh.shape().dp);
+  std::size_t const d = static_cast<std::size_t>(mesh.coords().dp);
+  if (o.sequences % dp != 0)
+    throw check_failed("parity: a global batch of " + std::to_string(o.sequences) +
+                       " sequences does not split over dp = " + std::to_string(dp));
+  std::size_t const per = o.sequences / dp;
+  std::size_t const in = make_parity_data(model, {.sequences = 1, .seq = 1}, 0).features.size();
+  auto const mine = data.slice(d * per, per, o.seq, in);
 
   parity_report r;
   auto fail = [&](std::string const& m) {
     r.ok = false;
     r.message += m + "\n";
   };
+  std::vector<std::string> names;
+  std::vector<std::size_t> sizes;
+  ref.for_each_parameter([&](auto& p) {
+    names.push_back(p.name());
+    sizes.push_back(p.size());
+  });
   auto const p0 = detail::snapshot<T>(ref, false);
-  std::map<std::string, std::vector<T>> g_ref, g_run;
+  std::map<std::string, std::vector<T>> g_ref;
+  detail::gathered<T> g_run;
   auto const batch = data.view(o.sequences, o.seq);
   for (std::size_t k = 1; k <= o.steps; ++k) {
     auto const a = ref.step(batch);
-    auto const b = run.step(batch);
+    auto const b = run.step(mine);
     r.ref_loss.push_back(a.loss);
     r.run_loss.push_back(b.loss);
     double const e = detail::rel(b.loss, a.loss) / tol::loss;
     r.loss = std::max(r.loss, e);
-    if (e > 1)
+    if (!(e <= 1))
       fail("step " + std::to_string(k) + ": loss " + std::to_string(b.loss) + " vs one rank " +
            std::to_string(a.loss));
     if (k == 1) {
@@ -198,37 +263,43 @@ parity_report check_parity(Model const& model, parity_options o) {
         fail("clipping is not active: the norm " + std::to_string(a.grad_norm) +
              " is not above max_norm " + std::to_string(o.clip));
       g_ref = detail::snapshot<T>(ref, true);
-      g_run = detail::snapshot<T>(run, true);
+      g_run = detail::gather<T>(run, world, names, sizes, true);
     }
   }
   auto const p_ref = detail::snapshot<T>(ref, false);
-  auto const p_run = detail::snapshot<T>(run, false);
-  r.tensors = p_ref.size();
-  if (p_run.size() != p_ref.size())
-    fail("the plan holds " + std::to_string(p_run.size()) + " tensors, one rank " +
-         std::to_string(p_ref.size()));
-  for (auto const& [name, ref_v] : p_ref) {
-    auto it = p_run.find(name);
-    if (it == p_run.end()) {
-      fail("tensor " + name + " missing under the plan");
-      continue;
-    }
-    auto const& run_v = it->second;
+  auto const p_run = detail::gather<T>(run, world, names, sizes, false);
+  r.tensors = names.size();
+  for (std::size_t t = 0; t < names.size(); ++t) {
+    std::string const& name = names[t];
+    auto const& ref_v = p_ref.at(name);
     auto const& g0 = g_ref.at(name);
-    auto const& g1 = g_run.at(name);
     auto const& init = p0.at(name);
     double dg = 0, gn = 0, dp2 = 0, mv2 = 0, dpi = 0, mvi = 0;
+    std::size_t missing = 0, disagree = 0;
     for (std::size_t i = 0; i < ref_v.size(); ++i) {
-      double const d = double(g1[i]) - double(g0[i]);
-      dg += d * d;
+      T const v = p_run.hi[t][i], g1 = g_run.hi[t][i];
+      if (v == -std::numeric_limits<T>::infinity()) {
+        ++missing;
+        continue;
+      }
+      if (!(v == p_run.lo[t][i]) || !(g1 == g_run.lo[t][i]))
+        ++disagree;
+      double const dgi = double(g1) - double(g0[i]);
+      dg += dgi * dgi;
       gn += double(g0[i]) * double(g0[i]);
-      double const dp = double(run_v[i]) - double(ref_v[i]);
+      double const dpv = double(v) - double(ref_v[i]);
       double const mv = double(ref_v[i]) - double(init[i]);
-      dp2 += dp * dp;
+      dp2 += dpv * dpv;
       mv2 += mv * mv;
-      dpi = std::max(dpi, std::abs(dp));
+      dpi = std::max(dpi, std::abs(dpv));
       mvi = std::max(mvi, std::abs(mv));
     }
+    if (missing)
+      fail("tensor " + name + ": " + std::to_string(missing) + " of " +
+           std::to_string(ref_v.size()) + " elements are held by no rank");
+    if (disagree)
+      fail("tensor " + name + ": " + std::to_string(disagree) +
+           " elements differ between the ranks that hold them");
     double const ge = (gn > 0 ? std::sqrt(dg / gn) : std::sqrt(dg)) / tol::grad;
     double const pe =
         (tol::f64 ? dpi / std::max(mvi, 1e-300) : std::sqrt(dp2 / std::max(mv2, 1e-300))) /
@@ -241,9 +312,31 @@ parity_report check_parity(Model const& model, parity_options o) {
       fail("tensor " + name + ": parameters after " + std::to_string(o.steps) +
            " steps differ by " + std::to_string(pe) + " x tolerance");
   }
-  if (char const* v = std::getenv("STRATA_PARITY_VERBOSE"); v && *v == '1')
+  if (char const* v = std::getenv("STRATA_PARITY_VERBOSE"); v && *v == '1' && world.rank() == 0)
     std::fprintf(stderr, "%s\n", r.summary().c_str());
   return r;
+}
+
+/// check_parity on `ranks` threads of the in-process backend; rank 0's report.
+template <class Plan, engine::model Model>
+parity_report check_parity(int ranks, Model const& model, parity_options const& o,
+                           comm::mesh_shape shape = {}) {
+  parity_report out;
+  std::uint64_t const s = o.seed ? o.seed : seed();
+  comm::local::run(ranks, [&](comm::local::communicator& c) {
+    parity_options oo = o;
+    oo.seed = s;
+    auto r = check_parity<Plan>(c, model, oo, shape);
+    if (c.rank() == 0)
+      out = std::move(r);
+  });
+  return out;
+}
+
+/// check_parity on one rank (plans without a strategy: accumulation).
+template <class Plan, engine::model Model>
+parity_report check_parity(Model const& model, parity_options const& o) {
+  return check_parity<Plan>(1, model, o);
 }
 
 } // namespace strata::test

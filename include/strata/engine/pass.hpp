@@ -21,7 +21,10 @@ namespace strata::engine {
 ///                         allocation of the pass happens here, none per step;
 ///   rewrite(program, id)  insert this pass's operations (owner = id) into the training
 ///                         program; rewrite_eval the forward-only program;
-///   run(op, state)        execute one operation this pass inserted, each step;
+///   run(op, state)        execute one operation this pass inserted, each step (a pass
+///                         that splits the batch over ranks also averages state.loss_sum
+///                         over them within the program, so every rank reports the global
+///                         loss);
 ///   abort()               this rank failed mid-step: release what other threads of this
 ///                         rank may wait on (the communicator tells the other ranks).
 /// The whole program is known before it runs, so a pass can look ahead: the operation after
@@ -36,9 +39,6 @@ public:
   virtual void rewrite(program&, std::uint16_t) {}
   virtual void rewrite_eval(program&, std::uint16_t) {}
   virtual void run(op const&, state<T>&) {}
-  /// Sums a rank's loss over the ranks that see different data (for reporting); the result
-  /// is the mean over those ranks. Called after the step, on every rank.
-  virtual void reduce_loss(double&) {}
   virtual void abort() noexcept {}
 };
 

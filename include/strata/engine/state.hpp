@@ -64,6 +64,7 @@ public:
   buffer<T> values, grads;
   std::size_t flat_size = 0;    // elements of the parameters (without padding)
   std::size_t pad_multiple = 1; // a pass may ask the flat size to be a multiple of this
+  std::size_t tail = 0;         // extra elements a pass keeps after the parameters
 
   // ---- optimizer -------------------------------------------------------------------------
   std::unique_ptr<optimizer_slot<T>> optimizer;
@@ -140,7 +141,7 @@ public:
       layer_range[l] = {begin, offset};
     }
     flat_size = offset;
-    std::size_t const padded = (offset + pad_multiple - 1) / pad_multiple * pad_multiple;
+    std::size_t const padded = (offset + tail + pad_multiple - 1) / pad_multiple * pad_multiple;
     values = buffer<T>(padded, memory_kind::parameters, ledger);
     grads = buffer<T>(padded, memory_kind::gradients, ledger);
     std::memset(static_cast<void*>(values.data()), 0, padded * sizeof(T));
@@ -148,7 +149,7 @@ public:
     for (auto& e : params)
       e.p->bind(values.data() + e.offset, grads.data() + e.offset);
     optim_begin = norm_begin = 0;
-    optim_end = norm_end = padded;
+    optim_end = norm_end = flat_size;
   }
 
   /// Allocates the activation slots a program needs (buffers grow on first use).

@@ -1,6 +1,8 @@
 // trainer: builds the step program of a model under a plan and runs it, step after step.
 #pragma once
 
+#include <strata/comm/communicator.hpp>
+#include <strata/comm/mesh.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
 #include <strata/data/batch.hpp>
@@ -13,6 +15,7 @@
 #include <strata/engine/state.hpp>
 #include <strata/engine/trace.hpp>
 #include <strata/nn/parameter.hpp>
+#include <strata/parallel/data_parallel.hpp>
 #include <strata/parallel/plan.hpp>
 
 #include <cmath>
@@ -66,41 +69,42 @@ public:
   using value_type = typename Model::value_type;
   using T = value_type;
 
-  /// One rank, no communicator: the reference every plan is checked against.
+  /// One rank, no communicator: the reference every plan is checked against. A plan with a
+  /// strategy needs the mesh constructor.
   trainer(Model const& model, engine::optimizer_factory<T> optimizer, trainer_options options)
       : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(options_.label)) {
-    ledger_scope scope(*ledger_);
-    if (!options_.lr)
-      throw config_error("strata: trainer_options::lr is not set: give a learning-rate "
-                         "schedule (optim::constant_schedule(3e-4) or a callable of the step)");
-    if (!optimizer)
-      throw config_error("strata: trainer without an optimizer: pass engine::use<...>(options)");
-    plan_descriptor const d = Plan::descriptor();
-    micro_batches_ = options_.micro_batches ? options_.micro_batches : d.micro_batches;
-    engine::model_builder<T> b;
-    {
-      nn::deferred_parameters deferred;
-      model.build(b);
-    }
-    std::uint32_t const n = static_cast<std::uint32_t>(b.info().size());
-    state_.adopt(b, {{0, n == 0 ? 0 : n - 1, true}});
-    state_.seed = options_.seed;
-    state_.lr = options_.lr;
-    state_.clip = options_.clip;
-    state_.want_norm = options_.grad_norm;
-    for (auto& p : passes_)
-      p->configure(state_);
-    state_.lay_out(*ledger_);
-    for (auto& e : state_.params)
-      e.p->init(options_.seed);
-    state_.optimizer = optimizer(state_.optim_end - state_.optim_begin);
-    ledger_->record_allocate(memory_kind::optimizer_state, state_.optimizer->state_bytes());
-    optimizer_bytes_ = state_.optimizer->state_bytes();
-    for (auto& p : passes_)
-      p->setup(state_);
-    program_ = build(micro_batches_, true);
-    state_.make_slots(program_);
-    trace_.reset(program_.ops.size());
+    static_assert(!Plan::descriptor().data_parallel.enabled,
+                  "strata: a plan with data_parallel needs a mesh: construct the trainer with "
+                  "trainer(mesh, model, optimizer, options)");
+    init(model, std::move(optimizer));
+  }
+
+  /// On a mesh: each strategy of the plan takes its axis's group (data parallel the dp
+  /// group). The mesh's axes must match the plan: an axis of size > 1 needs the strategy
+  /// that uses it. The mesh and its communicators must outlive the trainer.
+  template <comm::communicator C>
+  trainer(comm::mesh<C>& mesh, Model const& model, engine::optimizer_factory<T> optimizer,
+          trainer_options options)
+      : options_(std::move(options)),
+        ledger_(std::make_unique<memory_ledger>(options_.label == "rank 0"
+                                                    ? "rank " + std::to_string(mesh.world().rank())
+                                                    : options_.label)) {
+    constexpr plan_descriptor d = Plan::descriptor();
+    auto const shape = mesh.shape();
+    auto axis = [&](char const* name, int size, char const* strategy) {
+      if (size > 1)
+        throw config_error("strata: the mesh has " + std::string(name) + " = " +
+                           std::to_string(size) + " but the plan has no " + strategy +
+                           ": add it to the plan, or build the mesh with " + name + " = 1");
+    };
+    if (!d.data_parallel.enabled)
+      axis("dp", shape.dp, "data_parallel<...>");
+    axis("tp", shape.tp, "tensor_parallel (not built yet)");
+    axis("pp", shape.pp, "pipeline_parallel (not built yet)");
+    if constexpr (d.data_parallel.enabled)
+      passes_.push_back(
+          std::make_unique<parallel::data_parallel_pass<T, C>>(mesh.dp(), d.data_parallel));
+    init(model, std::move(optimizer));
   }
 
   ~trainer() {
@@ -122,8 +126,6 @@ public:
     step_result r;
     r.step = state_.step;
     r.loss = state_.loss_sum / static_cast<double>(micro_batches_);
-    for (auto& p : passes_)
-      p->reduce_loss(r.loss);
     r.grad_norm = state_.grad_norm;
     r.lr = options_.lr(state_.step);
     r.skipped = state_.skip_step;
@@ -169,8 +171,6 @@ public:
     double loss = state_.loss_sum / static_cast<double>(m);
     state_.training = true;
     state_.loss_sum = saved_loss;
-    for (auto& p : passes_)
-      p->reduce_loss(loss);
     return loss;
   }
 
@@ -203,6 +203,41 @@ public:
   }
 
 private:
+  void init(Model const& model, engine::optimizer_factory<T> optimizer) {
+    ledger_scope scope(*ledger_);
+    if (!options_.lr)
+      throw config_error("strata: trainer_options::lr is not set: give a learning-rate "
+                         "schedule (optim::constant_schedule(3e-4) or a callable of the step)");
+    if (!optimizer)
+      throw config_error("strata: trainer without an optimizer: pass engine::use<...>(options)");
+    plan_descriptor const d = Plan::descriptor();
+    micro_batches_ = options_.micro_batches ? options_.micro_batches : d.micro_batches;
+    engine::model_builder<T> b;
+    {
+      nn::deferred_parameters deferred;
+      model.build(b);
+    }
+    std::uint32_t const n = static_cast<std::uint32_t>(b.info().size());
+    state_.adopt(b, {{0, n == 0 ? 0 : n - 1, true}});
+    state_.seed = options_.seed;
+    state_.lr = options_.lr;
+    state_.clip = options_.clip;
+    state_.want_norm = options_.grad_norm;
+    for (auto& p : passes_)
+      p->configure(state_);
+    state_.lay_out(*ledger_);
+    for (auto& e : state_.params)
+      e.p->init(options_.seed);
+    state_.optimizer = optimizer(state_.optim_end - state_.optim_begin);
+    optimizer_bytes_ = state_.optimizer->state_bytes();
+    ledger_->record_allocate(memory_kind::optimizer_state, optimizer_bytes_);
+    for (auto& p : passes_)
+      p->setup(state_);
+    program_ = build(micro_batches_, true);
+    state_.make_slots(program_);
+    trace_.reset(program_.ops.size());
+  }
+
   static engine::batch_view<T> view_of(data::token_batch const& b) {
     return {b.sequences, b.seq, b.tokens, {}, b.targets};
   }

@@ -1,0 +1,260 @@
+// The data-parallel pass (DDP): gradient buckets all-reduced over the dp axis, each started
+// as soon as backward has produced it on the last micro-batch, overlapped with the rest of
+// backward; parameters broadcast from dp rank 0; replica layout and divergence checks.
+#pragma once
+
+#include <strata/comm/communicator.hpp>
+#include <strata/comm/reduce_op.hpp>
+#include <strata/core/error.hpp>
+#include <strata/engine/op.hpp>
+#include <strata/engine/pass.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+#include <strata/parallel/plan.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace strata::parallel {
+
+/// One gradient bucket: flat elements [begin, end), complete when backward has finished
+/// layer `ready_layer` (the lowest layer with parameters in it) on the last micro-batch.
+struct bucket {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  std::uint32_t ready_layer = 0;
+};
+
+/// Cuts the flat gradient buffer into buckets in backward order: the first bucket up to
+/// first_bytes (small, so communication starts early, as PyTorch does), the others up to
+/// bytes, at parameter boundaries (a parameter larger than a bucket is a bucket of its own).
+/// `tail` extra elements after the parameters join the last bucket.
+template <class T>
+std::vector<bucket> make_buckets(engine::state<T> const& s, std::size_t first_bytes,
+                                 std::size_t bytes, std::size_t tail) {
+  std::vector<bucket> out;
+  bucket cur{};
+  bool open = false;
+  for (auto const& e : s.params) {
+    std::size_t const cap = (out.empty() ? first_bytes : bytes) / sizeof(T);
+    if (open && e.offset + e.p->size() - cur.begin > cap && e.offset > cur.begin) {
+      cur.end = e.offset;
+      out.push_back(cur);
+      open = false;
+    }
+    if (!open) {
+      cur = {e.offset, e.offset, e.layer};
+      open = true;
+    }
+    cur.ready_layer = std::min(cur.ready_layer, e.layer);
+    cur.end = e.offset + e.p->size();
+  }
+  if (open) {
+    cur.end += tail;
+    out.push_back(cur);
+  } else {
+    // No parameters: one bucket of the tail, ready after the backward of layer 0.
+    out.push_back({0, tail, 0});
+  }
+  return out;
+}
+
+namespace detail {
+
+// FNV-1a over bytes: a checksum of a replica's parameters (replicas are bit-identical).
+inline std::uint64_t fnv1a(void const* data, std::size_t n,
+                           std::uint64_t h = 0xcbf29ce484222325ull) noexcept {
+  auto const* p = static_cast<unsigned char const*>(data);
+  for (std::size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+} // namespace detail
+
+/// The data-parallel pass over communicator C (the mesh's dp group).
+template <class T, comm::communicator C>
+class data_parallel_pass final : public engine::pass<T> {
+  using request_t =
+      decltype(std::declval<C&>().all_reduce_async(std::span<T>(), comm::reduce_op::avg));
+  enum : std::uint32_t {
+    arg_wait_all = 0xffffffffu,
+    arg_loss = 0xfffffffeu,
+    arg_divergence = 0xfffffffdu
+  };
+
+public:
+  data_parallel_pass(C& dp, plan_descriptor::data_parallel_desc const& d) : dp_(&dp), d_(d) {}
+
+  std::string_view name() const noexcept override { return "data_parallel"; }
+
+  std::vector<bucket> const& buckets() const noexcept { return buckets_; }
+  C& group() noexcept { return *dp_; }
+
+  /// One extra element after the parameters carries the step's loss in the last bucket, so
+  /// averaging the loss over the replicas costs no collective of its own.
+  void configure(engine::state<T>& s) override { s.tail = std::max<std::size_t>(s.tail, 1); }
+
+  void setup(engine::state<T>& s) override {
+    check_layout(s);
+    if (dp_->size() > 1)
+      dp_->broadcast(std::span<T>(s.values.data(), s.flat_size), 0);
+    buckets_ = make_buckets(s, d_.first_bucket_bytes, d_.bucket_bytes, 1);
+    requests_.assign(buckets_.size(), std::nullopt);
+    loss_slot_ = s.flat_size;
+  }
+
+  void rewrite(engine::program& p, std::uint16_t id) override {
+    using engine::op;
+    using engine::op_code;
+    p.rewrite(
+        [&](op const& o, std::vector<op>& out) {
+          if (o.code == op_code::clip) {
+            if (!d_.overlap)
+              for (std::uint32_t b = 0; b < buckets_.size(); ++b)
+                out.push_back(make(op_code::collective, id, b));
+            out.push_back(make(op_code::wait, id, arg_wait_all));
+          }
+          return true;
+        },
+        [&](op const& o, std::vector<op>& out) {
+          if (o.code == op_code::backward && o.last() && d_.overlap)
+            for (std::uint32_t b = 0; b < buckets_.size(); ++b)
+              if (buckets_[b].ready_layer == o.layer) {
+                op c = make(op_code::collective, id, b);
+                c.layer = o.layer;
+                c.micro_batch = o.micro_batch;
+                c.flags = o.flags;
+                out.push_back(c);
+              }
+          if (o.code == op_code::optimizer_step && d_.divergence_every > 0)
+            out.push_back(make(op_code::custom, id, arg_divergence));
+        });
+  }
+
+  void rewrite_eval(engine::program& p, std::uint16_t id) override {
+    p.ops.push_back(make(engine::op_code::collective, id, arg_loss));
+  }
+
+  void run(engine::op const& o, engine::state<T>& s) override {
+    if (o.code == engine::op_code::collective && o.arg == arg_loss) {
+      // forward-only: average the loss over the replicas
+      double l = s.loss_sum;
+      dp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::avg);
+      s.loss_sum = l;
+      return;
+    }
+    if (o.code == engine::op_code::collective) {
+      bucket const& b = buckets_[o.arg];
+      if (b.end > loss_slot_) // the last bucket carries the loss
+        s.grads.data()[loss_slot_] = static_cast<T>(s.loss_sum);
+      requests_[o.arg] = dp_->all_reduce_async(
+          std::span<T>(s.grads.data() + b.begin, b.end - b.begin), comm::reduce_op::avg);
+      return;
+    }
+    if (o.code == engine::op_code::wait) {
+      for (auto& r : requests_)
+        if (r) {
+          r->wait();
+          r.reset();
+        }
+      s.loss_sum = static_cast<double>(s.grads.data()[loss_slot_]);
+      s.grads.data()[loss_slot_] = T(0);
+      return;
+    }
+    if (o.code == engine::op_code::custom && o.arg == arg_divergence) {
+      if (s.step % static_cast<std::int64_t>(d_.divergence_every) == 0)
+        check_divergence(s);
+      return;
+    }
+  }
+
+  void abort() noexcept override {
+    // Operations this rank started must finish before the buffers go; the other replicas
+    // start the same ones (they run the same program), or fail and release them.
+    for (auto& r : requests_)
+      if (r) {
+        try {
+          r->wait();
+        } catch (...) {
+        }
+        r.reset();
+      }
+  }
+
+private:
+  static engine::op make(engine::op_code c, std::uint16_t id, std::uint32_t arg) {
+    engine::op o{};
+    o.code = c;
+    o.owner = id;
+    o.arg = arg;
+    return o;
+  }
+
+  // Every replica must hold the same parameters: same count of tensors, elements and the
+  // same names and shapes (a hash of them).
+  void check_layout(engine::state<T> const& s) {
+    if (dp_->size() == 1)
+      return;
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (auto const& e : s.params) {
+      h = detail::fnv1a(e.p->name().data(), e.p->name().size(), h);
+      for (std::size_t d : e.p->shape())
+        h = detail::fnv1a(&d, sizeof d, h);
+    }
+    std::int64_t mine[3] = {static_cast<std::int64_t>(s.params.size()),
+                            static_cast<std::int64_t>(s.flat_size), static_cast<std::int64_t>(h)};
+    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(dp_->size()));
+    dp_->all_gather(std::span<std::int64_t const>(mine, 3), std::span<std::int64_t>(all));
+    std::string diff;
+    for (int r = 1; r < dp_->size(); ++r) {
+      auto const* o = all.data() + 3 * r;
+      if (o[0] != all[0] || o[1] != all[1] || o[2] != all[2])
+        diff += " dp rank " + std::to_string(r) + " holds " + std::to_string(o[1]) +
+                " elements in " + std::to_string(o[0]) + " tensors" +
+                (o[0] == all[0] && o[1] == all[1] ? " (other names or shapes)" : "") + ";";
+    }
+    if (!diff.empty())
+      throw config_error("strata: data_parallel: the replicas hold different models: dp rank 0 "
+                         "holds " +
+                         std::to_string(all[1]) + " parameter elements in " +
+                         std::to_string(all[0]) + " tensors;" + diff +
+                         " every dp rank must build the same model");
+  }
+
+  void check_divergence(engine::state<T> const& s) {
+    std::int64_t const mine =
+        static_cast<std::int64_t>(detail::fnv1a(s.values.data(), s.flat_size * sizeof(T)));
+    hashes_.resize(static_cast<std::size_t>(dp_->size()));
+    dp_->all_gather(std::span<std::int64_t const>(&mine, 1), std::span<std::int64_t>(hashes_));
+    std::string bad;
+    for (int r = 1; r < dp_->size(); ++r)
+      if (hashes_[static_cast<std::size_t>(r)] != hashes_[0])
+        bad += (bad.empty() ? "" : ", ") + std::to_string(r);
+    if (!bad.empty())
+      throw error("strata: data_parallel: the replicas diverged at step " + std::to_string(s.step) +
+                  ": the parameters of dp rank(s) [" + bad +
+                  "] differ from dp rank 0's. Replicas start equal and apply the same averaged "
+                  "gradients, so something outside strata changed them (a rank-dependent "
+                  "update, uninitialised memory, a non-deterministic kernel)");
+  }
+
+  C* dp_;
+  plan_descriptor::data_parallel_desc d_;
+  std::vector<bucket> buckets_;
+  std::vector<std::optional<request_t>> requests_;
+  std::vector<std::int64_t> hashes_;
+  std::size_t loss_slot_ = 0;
+};
+
+} // namespace strata::parallel

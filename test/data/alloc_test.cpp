@@ -1,0 +1,42 @@
+// The loader's hot path allocates nothing: after construction, next() makes no heap
+// allocation, across epoch boundaries (new permutations) and short last batches.
+#include "inputs.hpp"
+
+#include <strata/data/loader.hpp>
+#include <strata/data/text_dataset.hpp>
+
+#include "../support/count_allocations.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace sd = strata::data;
+namespace td = strata::test::data;
+using strata::test::allocations;
+
+TEST_CASE("loader.next() allocates nothing after construction", "[data][alloc]") {
+  std::uint64_t const k = td::key("loader allocations");
+  td::temp_file const file(td::random_text(td::draw(k, 0, 2000, 4000), "abcdefgh ij\n", k));
+  sd::text_dataset const ds(file.path(), td::draw(k, 1, 4, 32), sd::text_encoding::character);
+  for (bool const drop_last : {true, false}) {
+    for (bool const shuffle : {true, false}) {
+      CAPTURE(drop_last, shuffle);
+      sd::loader l(ds, sd::distributed_sampler(ds.size(), 3, 2, {.shuffle = shuffle, .seed = k}),
+                   {.batch = 5, .drop_last = drop_last});
+      std::size_t const n = 3 * l.batches_per_epoch() + 2;
+      std::int64_t sum = 0; // uses the batches, so nothing is optimised away
+      long const before = allocations.load();
+      for (std::size_t i = 0; i < n; ++i) {
+        sd::token_batch const b = l.next();
+        sum += b.tokens[0] + b.targets[b.rows() - 1];
+      }
+      long const after = allocations.load();
+      CHECK(after - before == 0);
+      CHECK(l.sampler().epoch() >= 3);
+      CHECK(sum >= 0);
+    }
+  }
+}

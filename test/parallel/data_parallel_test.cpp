@@ -1,0 +1,293 @@
+// Data parallel: parity with one rank (n = 2, 3, 4; with and without accumulation; SGD and
+// AdamW; clipping), overlap seen in the trace, one all-reduce per bucket per step from the
+// counters, a failing rank, replica checks, and plan/mesh mismatches.
+#include <strata/comm/local.hpp>
+#include <strata/comm/mesh.hpp>
+#include <strata/models/gpt.hpp>
+#include <strata/models/mlp.hpp>
+#include <strata/optim/sgd.hpp>
+#include <strata/train/trainer.hpp>
+
+#include "../support/parity.hpp"
+#include "../support/seed.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace st = strata;
+namespace eng = strata::engine;
+using Catch::Matchers::Contains;
+using st::test::parity_optimizer;
+
+namespace {
+
+void require_ok(st::test::parity_report const& r) {
+  INFO(r.summary());
+  REQUIRE(r.ok);
+}
+
+auto constant(double lr) {
+  return [lr](std::int64_t) { return lr; };
+}
+
+using ddp = st::plan<st::data_parallel<>>;
+using ddp_acc2 = st::plan<st::data_parallel<st::micro_batches<2>>>;
+// Small buckets: several per step, so the overlap and the counters are visible.
+using ddp_small = st::plan<st::data_parallel<st::bucket_mib<1>>>;
+
+struct feature_batch {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  feature_batch(std::size_t rows, std::size_t in, std::size_t classes, std::uint64_t seed)
+      : x(rows * in), y(rows) {
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(double(st::test::mix(seed, i) >> 11) * 0x1.0p-53 - 0.5);
+    for (std::size_t i = 0; i < rows; ++i)
+      y[i] = static_cast<std::int32_t>(st::test::mix(seed + 7, i) % classes);
+  }
+  eng::batch_view<float> view(std::size_t rows) const { return {rows, 1, {}, x, y}; }
+};
+
+} // namespace
+
+TEMPLATE_TEST_CASE("data parallel trains like one rank (MLP)", "[parallel][ddp][parity]", float,
+                   double) {
+  st::models::mlp_model<TestType> m{24, 32, 3, 7};
+  for (int n : {2, 3, 4}) {
+    INFO("ranks " << n);
+    for (auto opt : {parity_optimizer::sgd, parity_optimizer::adamw}) {
+      INFO((opt == parity_optimizer::sgd ? "sgd" : "adamw"));
+      require_ok(st::test::check_parity<ddp>(n, m, {.sequences = 12, .optimizer = opt}));
+      require_ok(st::test::check_parity<ddp_acc2>(n, m, {.sequences = 24, .optimizer = opt}));
+    }
+  }
+  require_ok(st::test::check_parity<ddp_acc2>(
+      4, m, {.sequences = 16, .optimizer = parity_optimizer::sgd, .lr = 0.1, .clip = 0.05}));
+}
+
+TEMPLATE_TEST_CASE("data parallel trains like one rank (GPT)", "[parallel][ddp][parity]", float,
+                   double) {
+  st::models::gpt_model<TestType> g{
+      {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 2}};
+  require_ok(st::test::check_parity<ddp>(2, g, {.sequences = 4, .seq = 8, .lr = 1e-2}));
+  require_ok(st::test::check_parity<ddp_acc2>(
+      3, g, {.sequences = 6, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
+  require_ok(
+      st::test::check_parity<ddp>(4, g, {.sequences = 8, .seq = 8, .lr = 1e-2, .clip = 0.1}));
+}
+
+TEST_CASE("a bucket's all-reduce starts during backward, once per step, on the last "
+          "micro-batch only",
+          "[parallel][ddp]") {
+  std::uint64_t const seed = st::test::seed();
+  st::models::mlp_model<float> m{256, 512, 4, 64};
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    using plan = st::plan<st::data_parallel<st::bucket_mib<1>, st::micro_batches<4>>>;
+    st::trainer<decltype(m), plan> t(mesh, m, eng::use<st::optim::sgd<float>>(),
+                                     {.lr = constant(0.1), .seed = seed});
+    feature_batch d(8, 256, 64, seed + static_cast<std::uint64_t>(world.rank()));
+    auto const& p = t.program();
+    std::size_t buckets = 0;
+    for (auto const& o : p.ops)
+      if (o.code == eng::op_code::collective) {
+        ++buckets;
+        STRATA_CHECK(o.last()); // only the last micro-batch communicates
+      }
+    STRATA_CHECK_MSG(buckets >= 3, std::to_string(buckets) + " buckets");
+    auto const& counters = mesh.dp().counters();
+    auto const calls0 = counters.calls(st::comm::op_kind::all_reduce);
+    auto const bytes0 = counters.bytes(st::comm::op_kind::all_reduce);
+    for (int k = 0; k < 3; ++k)
+      t.step(d.view(8));
+    STRATA_CHECK(counters.calls(st::comm::op_kind::all_reduce) - calls0 == 3 * buckets);
+    STRATA_CHECK(counters.bytes(st::comm::op_kind::all_reduce) - bytes0 ==
+                 3 * (t.parameter_count() + 1) * sizeof(float));
+    // The trace: the first bucket's all-reduce was issued before the backward of layer 0 (the
+    // last one backward reaches) started on the last micro-batch.
+    auto const& tr = t.trace();
+    auto const first_bucket = tr.position(
+        p, [](eng::op const& o) { return o.code == eng::op_code::collective && o.arg == 0; });
+    auto const last_backward = tr.position(p, [](eng::op const& o) {
+      return o.code == eng::op_code::backward && o.layer == 0 && o.last();
+    });
+    STRATA_CHECK(first_bucket < last_backward);
+    STRATA_CHECK(last_backward < tr.events().size());
+    auto const wait = tr.position(p, [](eng::op const& o) { return o.code == eng::op_code::wait; });
+    STRATA_CHECK(wait > last_backward);
+  });
+}
+
+TEST_CASE("without overlap every bucket is reduced after backward", "[parallel][ddp]") {
+  std::uint64_t const seed = st::test::seed();
+  st::models::mlp_model<float> m{256, 512, 3, 64};
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    using plan = st::plan<st::data_parallel<st::bucket_mib<1>, st::overlap<false>>>;
+    st::trainer<decltype(m), plan> t(mesh, m, eng::use<st::optim::sgd<float>>(),
+                                     {.lr = constant(0.1), .seed = seed});
+    auto const& p = t.program();
+    std::size_t const first = p.find(eng::op_code::collective);
+    for (std::size_t i = 0; i < first; ++i)
+      STRATA_CHECK(p.ops[i].code != eng::op_code::wait);
+    for (std::size_t i = first; i < p.ops.size(); ++i)
+      STRATA_CHECK(p.ops[i].code != eng::op_code::backward);
+  });
+  require_ok(st::test::check_parity<st::plan<st::data_parallel<st::overlap<false>>>>(
+      2, st::models::mlp_model<double>{8, 8, 2, 3}, {.sequences = 4}));
+}
+
+namespace {
+// A layer that throws in backward on one rank at one step.
+std::atomic<int> fail_rank{-1};
+thread_local int this_rank = 0;
+struct faulty {
+  using value_type = float;
+  using compute_type = float;
+  struct saved_type {};
+  std::string name_ = "faulty";
+  std::size_t features = 8;
+  std::string const& name() const { return name_; }
+  std::size_t in_features() const { return features; }
+  std::size_t out_features() const { return features; }
+  template <class F>
+  void for_each_parameter(F&&) {}
+  void forward(st::nn::layer_context const&, st::tensor_view<float const> x,
+               st::tensor_view<float> y, saved_type&) {
+    std::copy(x.data(), x.data() + x.size(), y.data());
+  }
+  void backward(st::nn::layer_context const& ctx, st::tensor_view<float const>, saved_type const&,
+                st::tensor_view<float const> dy, st::tensor_view<float> dx) {
+    if (this_rank == fail_rank.load() && ctx.step == 2)
+      throw std::runtime_error("injected failure in backward on rank " + std::to_string(this_rank));
+    if (dx.data())
+      std::copy(dy.data(), dy.data() + dy.size(), dx.data());
+  }
+};
+struct faulty_model {
+  using value_type = float;
+  void build(eng::model_builder<float>& b) const {
+    b.add(st::nn::linear<float>("fc0", 8, 8));
+    b.add(faulty{});
+    b.add(st::nn::linear<float>("fc1", 8, 3));
+    b.loss(st::nn::softmax_cross_entropy<float>("loss", 3));
+  }
+};
+} // namespace
+
+TEST_CASE("a rank that throws during backward makes the others raise, not hang",
+          "[parallel][ddp][errors]") {
+  std::uint64_t const seed = st::test::seed();
+  fail_rank = 1;
+  st::comm::comm_options opts;
+  opts.timeout = std::chrono::seconds(60);
+  auto const t0 = std::chrono::steady_clock::now();
+  std::atomic<int> raised{0};
+  CHECK_THROWS_WITH(st::comm::local::run(
+                        3,
+                        [&](st::comm::local::communicator& world) {
+                          this_rank = world.rank();
+                          st::comm::mesh mesh(world, {.dp = 3});
+                          st::trainer<faulty_model, ddp> t(mesh, faulty_model{},
+                                                           eng::use<st::optim::sgd<float>>(),
+                                                           {.lr = constant(0.1), .seed = seed});
+                          feature_batch d(2, 8, 3, seed);
+                          try {
+                            for (int k = 0; k < 4; ++k)
+                              t.step(d.view(2));
+                          } catch (st::comm_error const&) {
+                            ++raised;
+                            throw;
+                          }
+                        },
+                        opts),
+                    Contains("injected failure in backward on rank 1"));
+  CHECK(raised.load() == 2); // both others raised a communication error
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  fail_rank = -1;
+}
+
+TEST_CASE("replicas with different models are refused, naming the ranks and sizes",
+          "[parallel][ddp][errors]") {
+  CHECK_THROWS_WITH(st::comm::local::run(3,
+                                         [&](st::comm::local::communicator& world) {
+                                           st::comm::mesh mesh(world, {.dp = 3});
+                                           std::size_t const width = world.rank() == 2 ? 12 : 8;
+                                           st::models::mlp_model<float> m{4, width, 2, 3};
+                                           st::trainer<decltype(m), ddp> t(
+                                               mesh, m, eng::use<st::optim::sgd<float>>(),
+                                               {.lr = constant(0.1)});
+                                         }),
+                    Contains("dp rank 0 holds 67 parameter elements in 4 tensors") &&
+                        Contains("dp rank 2 holds 99 elements in 4 tensors"));
+}
+
+TEST_CASE("the divergence check names the replica that drifted", "[parallel][ddp][errors]") {
+  std::uint64_t const seed = st::test::seed();
+  st::models::mlp_model<float> m{8, 8, 2, 3};
+  CHECK_THROWS_WITH(st::comm::local::run(
+                        3,
+                        [&](st::comm::local::communicator& world) {
+                          st::comm::mesh mesh(world, {.dp = 3});
+                          using plan = st::plan<st::data_parallel<st::divergence_check_every<2>>>;
+                          st::trainer<decltype(m), plan> t(mesh, m,
+                                                           eng::use<st::optim::sgd<float>>(),
+                                                           {.lr = constant(0.1), .seed = seed});
+                          feature_batch d(2, 8, 3, seed + world.rank());
+                          t.step(d.view(2));
+                          t.step(d.view(2)); // checked: equal
+                          if (world.rank() == 2)
+                            t.find_parameter("fc1.bias")->values()[0] += 1e-3f;
+                          t.step(d.view(2));
+                          t.step(d.view(2)); // checked: rank 2 differs
+                        }),
+                    Contains("diverged at step 4") && Contains("dp rank(s) [2]"));
+}
+
+TEST_CASE("a mesh axis without its strategy is refused", "[parallel][ddp][errors]") {
+  st::models::mlp_model<float> m{8, 8, 2, 3};
+  CHECK_THROWS_WITH(st::comm::local::run(2,
+                                         [&](st::comm::local::communicator& world) {
+                                           st::comm::mesh mesh(world, {.dp = 2});
+                                           st::trainer<decltype(m)> t(
+                                               mesh, m, eng::use<st::optim::sgd<float>>(),
+                                               {.lr = constant(0.1)});
+                                         }),
+                    Contains("the mesh has dp = 2 but the plan has no data_parallel<...>"));
+}
+
+TEST_CASE("the loss every rank reports is the global batch's", "[parallel][ddp]") {
+  std::uint64_t const seed = st::test::seed();
+  st::models::mlp_model<double> m{8, 8, 2, 3};
+  // One rank on the whole batch of 6 rows.
+  std::vector<double> x(6 * 8);
+  std::vector<std::int32_t> y(6);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = double(st::test::mix(seed, i) >> 11) * 0x1.0p-53 - 0.5;
+  for (std::size_t i = 0; i < y.size(); ++i)
+    y[i] = static_cast<std::int32_t>(st::test::mix(seed + 1, i) % 3);
+  st::trainer<decltype(m)> one(m, eng::use<st::optim::sgd<double>>(), {.lr = constant(0.1)});
+  double const want = one.evaluate({6, 1, {}, x, y});
+  std::vector<double> got(3);
+  st::comm::local::run(3, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 3});
+    st::trainer<decltype(m), ddp> t(mesh, m, eng::use<st::optim::sgd<double>>(),
+                                    {.lr = constant(0.1)});
+    std::size_t const r = static_cast<std::size_t>(world.rank());
+    eng::batch_view<double> mine{2,
+                                 1,
+                                 {},
+                                 std::span<double const>(x).subspan(r * 16, 16),
+                                 std::span<std::int32_t const>(y).subspan(r * 2, 2)};
+    double const e = t.evaluate(mine);
+    auto const s = t.step(mine);
+    STRATA_CHECK(std::abs(s.loss - e) <= 1e-12 * std::abs(e));
+    got[r] = e;
+  });
+  for (double g : got)
+    CHECK(std::abs(g - want) <= 1e-12 * want);
+}
