@@ -1,5 +1,7 @@
 // A training step allocates nothing from the third step on: the GPT and the MLP under the
 // trainer, with accumulation, clipping and AdamW (operator new counted for all threads).
+#include <strata/comm/local.hpp>
+#include <strata/comm/mesh.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
 #include <strata/optim/adamw.hpp>
@@ -10,6 +12,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <vector>
 
 using strata::test::allocations;
@@ -54,4 +57,37 @@ TEMPLATE_TEST_CASE("a trainer's step allocates nothing from the third step on", 
   for (int k = 0; k < 3; ++k)
     m.step(mb);
   CHECK(allocations.load() == before2);
+}
+
+TEST_CASE("a data-parallel step allocates nothing from the third step on", "[engine][alloc]") {
+  std::uint64_t const seed = st::test::seed();
+  st::models::mlp_model<float> mlp{64, 128, 3, 10};
+  std::atomic<long> before{0}, after{0};
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    using plan = st::plan<st::data_parallel<st::bucket_mib<1>, st::micro_batches<2>>>;
+    st::trainer<decltype(mlp), plan> t(
+        mesh, mlp, st::engine::use<st::optim::adamw<float>>(),
+        {.lr = [](std::int64_t) { return 1e-3; }, .clip = 1.0, .seed = seed});
+    std::vector<float> x(4 * 64);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(st::test::mix(seed + world.rank(), i) % 1000) * 1e-3f - 0.5f;
+    std::vector<std::int32_t> y(4);
+    for (std::size_t i = 0; i < y.size(); ++i)
+      y[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 10);
+    st::engine::batch_view<float> b{4, 1, {}, x, y};
+    t.step(b);
+    t.step(b);
+    world.barrier();
+    if (world.rank() == 0)
+      before = allocations.load();
+    world.barrier();
+    for (int k = 0; k < 3; ++k)
+      t.step(b);
+    world.barrier();
+    if (world.rank() == 0)
+      after = allocations.load();
+    world.barrier();
+  });
+  CHECK(after.load() == before.load());
 }

@@ -138,9 +138,11 @@ TEST_CASE("the trainer lays parameters out flat, in backward order, initialised 
   CHECK(t.parameter_count() == n);
   // The last layer's parameters come first; each parameter is a view into the flat buffers.
   REQUIRE(s.params.size() == 6);
-  CHECK(s.params[0].p->name() == "fc2.weight");
+  CHECK(s.params[0].p->name() == "fc2.bias");
   CHECK(s.params[0].offset == 0);
-  CHECK(s.params.back().p->name() == "fc0.bias");
+  CHECK(s.params[1].p->name() == "fc2.weight");
+  CHECK(s.params[1].offset == 5);
+  CHECK(s.params.back().p->name() == "fc0.weight");
   for (auto const& e : s.params) {
     CHECK(e.p->values().data() == s.values.data() + e.offset);
     CHECK(e.p->grads().data() == s.grads.data() + e.offset);

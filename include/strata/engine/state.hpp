@@ -42,9 +42,10 @@ struct parameter_entry {
 /// member functions.
 ///
 /// Flat storage: the parameters this rank owns live in one flat value buffer and one flat
-/// gradient buffer, laid out in the order backward produces gradients (the last layer
-/// first), so that a run of layers whose backward has finished is one contiguous range
-/// (data-parallel buckets, ZeRO shards). Each nn::parameter is bound to its views.
+/// gradient buffer, laid out in the reverse of their registration order (the last layer
+/// first, as PyTorch's DDP orders its buckets), the order backward produces them, so that a run of
+/// layers whose backward has finished is one contiguous range (data-parallel buckets, ZeRO shards).
+/// Each nn::parameter is bound to its views.
 template <class T>
 class state {
 public:
@@ -134,10 +135,12 @@ public:
       if (!nodes[l])
         continue;
       std::size_t const begin = offset;
-      nodes[l]->for_each_parameter([&](nn::parameter<T>& p) {
-        params.push_back({&p, static_cast<std::uint32_t>(l), offset});
-        offset += p.size();
-      });
+      std::vector<nn::parameter<T>*> own;
+      nodes[l]->for_each_parameter([&](nn::parameter<T>& p) { own.push_back(&p); });
+      for (std::size_t i = own.size(); i-- > 0;) { // the reverse of registration order
+        params.push_back({own[i], static_cast<std::uint32_t>(l), offset});
+        offset += own[i]->size();
+      }
       layer_range[l] = {begin, offset};
     }
     flat_size = offset;

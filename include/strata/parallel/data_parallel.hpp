@@ -33,9 +33,9 @@ struct bucket {
   std::uint32_t ready_layer = 0;
 };
 
-/// Cuts the flat gradient buffer into buckets in backward order: the first bucket up to
-/// first_bytes (small, so communication starts early, as PyTorch does), the others up to
-/// bytes, at parameter boundaries (a parameter larger than a bucket is a bucket of its own).
+/// Cuts the flat gradient buffer into buckets in backward order, as PyTorch's DDP does:
+/// parameters join the open bucket until it holds at least its cap — first_bytes for the
+/// first (small, so communication starts early), bytes for the others — and then it closes.
 /// `tail` extra elements after the parameters join the last bucket.
 template <class T>
 std::vector<bucket> make_buckets(engine::state<T> const& s, std::size_t first_bytes,
@@ -44,22 +44,23 @@ std::vector<bucket> make_buckets(engine::state<T> const& s, std::size_t first_by
   bucket cur{};
   bool open = false;
   for (auto const& e : s.params) {
-    std::size_t const cap = (out.empty() ? first_bytes : bytes) / sizeof(T);
-    if (open && e.offset + e.p->size() - cur.begin > cap && e.offset > cur.begin) {
-      cur.end = e.offset;
-      out.push_back(cur);
-      open = false;
-    }
     if (!open) {
       cur = {e.offset, e.offset, e.layer};
       open = true;
     }
     cur.ready_layer = std::min(cur.ready_layer, e.layer);
     cur.end = e.offset + e.p->size();
+    std::size_t const cap = (out.empty() ? first_bytes : bytes) / sizeof(T);
+    if (cur.end - cur.begin >= cap) {
+      out.push_back(cur);
+      open = false;
+    }
   }
   if (open) {
     cur.end += tail;
     out.push_back(cur);
+  } else if (!out.empty()) {
+    out.back().end += tail;
   } else {
     // No parameters: one bucket of the tail, ready after the backward of layer 0.
     out.push_back({0, tail, 0});
