@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds strata and runs the demo (for now the communicator demo).
+# Builds strata and runs the demo: the communicator demo, then a character-level GPT trained
+# on one rank (extra arguments go to strata_train_gpt, e.g. --steps 100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j 2 --target strata_comm_demo
 build/examples/strata_comm_demo
+cmake --build build -j 2 --target strata_train_gpt
+build/examples/strata_train_gpt "$@"
