@@ -21,7 +21,8 @@ void ddp_local(benchmark::State& state) {
   int const ranks = static_cast<int>(state.range(0));
   ddp_figures f;
   for (auto _ : state) {
-    comm::local::run(ranks, [&](comm::local::communicator& w) { ddp_rank<plan_t, serial_t>(w, f); });
+    comm::local::run(ranks,
+                     [&](comm::local::communicator& w) { ddp_rank<plan_t, serial_t>(w, f); });
     state.SetIterationTime(f.step_s);
   }
   report(state, f, ranks);

@@ -21,7 +21,9 @@ namespace strata::bench {
 inline constexpr std::size_t ddp_batch = 64; // per rank
 inline constexpr int ddp_warmup = 3, ddp_steps = 20;
 
-inline models::mlp_model<float> ddp_model() { return {1024, 1024, 4, 1024}; }
+inline models::mlp_model<float> ddp_model() {
+  return {1024, 1024, 4, 1024};
+}
 
 struct ddp_figures {
   double one_rank_s = 0; ///< median step of one rank alone, same per-rank batch

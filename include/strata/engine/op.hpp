@@ -11,7 +11,7 @@ namespace strata::engine {
 enum class op_code : std::uint8_t {
   zero_grad,      // clear this rank's gradients (start of a step)
   forward,        // forward of one layer for one micro-batch (and chunk)
-  loss,           // the loss of one micro-batch and its gradient (end of the forward)
+  loss,           // the loss of one micro-batch (its gradient starts the backward)
   backward,       // backward of one layer for one micro-batch
   clip,           // global gradient norm and clipping factor
   optimizer_step, // the update of the parameters this rank steps

@@ -5,8 +5,10 @@
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace strata::engine {
 
@@ -34,6 +36,9 @@ class pass {
 public:
   virtual ~pass() = default;
   virtual std::string_view name() const noexcept = 0;
+  /// A pass that decides the order of computation (the pipeline) fills `out` with this
+  /// rank's schedule for m micro-batches (training, or forward-only) and returns true.
+  virtual bool schedule(std::size_t, bool, std::vector<schedule_entry>&) { return false; }
   virtual void configure(state<T>&) {}
   virtual void setup(state<T>&) {}
   virtual void rewrite(program&, std::uint16_t) {}

@@ -204,7 +204,8 @@ public:
                           std::to_string(layers[0].in) + " features (layer \"" + layers[0].name +
                           "\")");
     }
-    if (loss && training && b.targets.size() != rows)
+    bool const last_stage = !chunks.empty() && chunks.back().has_loss;
+    if (last_stage && b.targets.size() != rows)
       throw shape_error("strata: the batch has " + std::to_string(b.targets.size()) +
                         " targets for " + std::to_string(rows) + " rows");
     batch = b;
@@ -259,17 +260,21 @@ public:
     auto logits = out[l][o.slot].view(rows, layers[l].out);
     auto targets = ids_of(batch.targets, o);
     auto ctx = context(o);
-    double const value = loss->loss_forward(ctx, logits, targets, *loss_saved(o.slot));
-    loss_sum += value;
-    if (training)
-      loss->loss_backward(ctx, logits, targets, *loss_saved(o.slot),
-                          dout[l].get(rows, layers[l].out), dloss);
+    loss_sum += loss->loss_forward(ctx, logits, targets, *loss_saved(o.slot));
   }
 
   void run_backward(op const& o) {
     std::size_t const rows = mb_rows(), l = o.layer;
     chunk_layers const& c = chunks[o.chunk];
     auto ctx = context(o);
+    if (l == c.last && c.has_loss) {
+      // The loss's gradient, d(step loss)/d(logits), from what its forward saved for this
+      // micro-batch: computed here, not at the loss, since a pipeline schedule may run
+      // several forwards before this backward.
+      auto logits = out[l][o.slot].view(rows, layers[l].out);
+      loss->loss_backward(ctx, logits, ids_of(batch.targets, o), *loss_saved(o.slot),
+                          dout[l].get(rows, layers[l].out), dloss);
+    }
     auto dy = dout[l].view(rows, layers[l].out);
     if (layers[l].kind == node_kind::input) {
       nodes[l]->backward_ids(ctx, ids_of(batch.tokens, o), *saved[l][o.slot], dy);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace strata::nn {
 
@@ -34,6 +35,11 @@ public:
 
   void forward(layer_context const&, tensor_view<T const> x, tensor_view<T> y, saved_type&) {
     std::size_t const rows = x.extent(0);
+    if constexpr (vectorised) {
+      for (std::size_t r = 0; r < rows; ++r)
+        Op::f_row(x.data() + r * x.stride(0), y.data() + r * y.stride(0), features_);
+      return;
+    }
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t j = 0; j < features_; ++j)
         y(r, j) = from_compute_value<T>(Op::f(to_compute_value<C>(x(r, j))));
@@ -43,6 +49,12 @@ public:
     if (dx.data() == nullptr) // the input needs no gradient
       return;
     std::size_t const rows = x.extent(0);
+    if constexpr (vectorised) {
+      for (std::size_t r = 0; r < rows; ++r)
+        Op::df_row(x.data() + r * x.stride(0), dy.data() + r * dy.stride(0),
+                   dx.data() + r * dx.stride(0), features_);
+      return;
+    }
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t j = 0; j < features_; ++j)
         dx(r, j) = from_compute_value<T>(Op::df(to_compute_value<C>(x(r, j))) *
@@ -50,6 +62,12 @@ public:
   }
 
 private:
+  // Rows of f32 storage and compute go through the op's row functions (SIMD) when it has them.
+  static constexpr bool vectorised =
+      std::is_same_v<T, float> && std::is_same_v<C, float> && requires(float const* a, float* b) {
+    Op::f_row(a, b, std::size_t{});
+  };
+
   std::string name_;
   std::size_t features_;
 };
@@ -60,7 +78,48 @@ struct relu_op {
   static C df(C x) noexcept { return x > C{0} ? C{1} : C{0}; }
 };
 
+// tanh in f32 without a call: Eigen's rational approximation (generic_fast_tanh_float), a
+// degree-13 odd over degree-6 even polynomial on x clamped to +-7.9053 (where tanh is 1 in
+// f32). Within 3e-7 of std::tanh over [-10, 10]; for scalars and 4-lane vectors.
+template <class V>
+inline V fast_tanh(V x) noexcept {
+  V const c = x * 0 + 7.90531110763549805f;
+  x = x > c ? c : x;
+  x = x < -c ? -c : x;
+  V const x2 = x * x;
+  V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+  p = x2 * p + -8.60467152213735e-11f;
+  p = x2 * p + 5.12229709037114e-08f;
+  p = x2 * p + 1.48572235717979e-05f;
+  p = x2 * p + 6.37261928875436e-04f;
+  p = x2 * p + 4.89352455891786e-03f;
+  p = x * p;
+  V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+  q = x2 * q + 2.26843463243900e-03f;
+  q = x2 * q + 4.89352518554385e-03f;
+  return p / q;
+}
+inline float fast_tanh_scalar(float x) noexcept {
+  if (x > 7.90531110763549805f)
+    x = 7.90531110763549805f;
+  if (x < -7.90531110763549805f)
+    x = -7.90531110763549805f;
+  float const x2 = x * x;
+  float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
+  p = x2 * p + -8.60467152213735e-11f;
+  p = x2 * p + 5.12229709037114e-08f;
+  p = x2 * p + 1.48572235717979e-05f;
+  p = x2 * p + 6.37261928875436e-04f;
+  p = x2 * p + 4.89352455891786e-03f;
+  p = x * p;
+  float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
+  q = x2 * q + 2.26843463243900e-03f;
+  q = x2 * q + 4.89352518554385e-03f;
+  return p / q;
+}
+
 // gelu(x) = x/2 (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi): GPT-2's approximation.
+// In f32 the rows go 4 lanes at a time with fast_tanh; f64 and 16-bit storage use std::tanh.
 template <class C>
 struct gelu_op {
   static constexpr C k = static_cast<C>(0.7978845608028654);
@@ -69,6 +128,43 @@ struct gelu_op {
   static C df(C x) noexcept {
     C const t = std::tanh(k * (x + a * x * x * x));
     return C{0.5} * (C{1} + t) + C{0.5} * x * (C{1} - t * t) * k * (C{1} + C{3} * a * x * x);
+  }
+
+  static void f_row(float const* x, float* y,
+                    std::size_t n) noexcept requires std::is_same_v<C, float> {
+    using V = simd<float>::type;
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      V v;
+      __builtin_memcpy(&v, x + j, sizeof v);
+      V const t = fast_tanh(k * (v + a * v * v * v));
+      V const out = 0.5f * v * (1.0f + t);
+      __builtin_memcpy(y + j, &out, sizeof out);
+    }
+    for (; j < n; ++j) {
+      float const v = x[j];
+      y[j] = 0.5f * v * (1.0f + fast_tanh_scalar(k * (v + a * v * v * v)));
+    }
+  }
+  static void df_row(float const* x, float const* dy, float* dx,
+                     std::size_t n) noexcept requires std::is_same_v<C, float> {
+    using V = simd<float>::type;
+    std::size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+      V v, d;
+      __builtin_memcpy(&v, x + j, sizeof v);
+      __builtin_memcpy(&d, dy + j, sizeof d);
+      V const t = fast_tanh(k * (v + a * v * v * v));
+      V const g = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v);
+      V const out = g * d;
+      __builtin_memcpy(dx + j, &out, sizeof out);
+    }
+    for (; j < n; ++j) {
+      float const v = x[j];
+      float const t = fast_tanh_scalar(k * (v + a * v * v * v));
+      dx[j] =
+          (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v)) * dy[j];
+    }
   }
 };
 } // namespace detail

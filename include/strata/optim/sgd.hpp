@@ -2,6 +2,7 @@
 #pragma once
 
 #include <strata/core/error.hpp>
+#include <strata/core/simd.hpp>
 #include <strata/optim/detail/number_text.hpp>
 #include <strata/optim/optimizer.hpp>
 #include <strata/optim/state.hpp>
@@ -46,24 +47,46 @@ struct sgd_coefficients {
 template <bool WeightDecay, bool Momentum, bool Nesterov, bool First, class T>
 void sgd_update(std::span<T> p, std::span<T const> grad, T* buf,
                 sgd_coefficients<T> const& c) noexcept {
-  std::size_t const n = p.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    T g = grad[i] * c.grad_scale;
+  // One body for scalars and SIMD vectors: the same operations per element, so the same bits.
+  auto update = [&c](auto g, auto pi, auto& b) {
+    g = g * c.grad_scale;
     if constexpr (WeightDecay)
-      g = g + c.weight_decay * p[i];
+      g = g + c.weight_decay * pi;
     if constexpr (Momentum) {
-      T b;
       if constexpr (First)
         b = g;
       else
-        b = buf[i] * c.momentum + c.one_minus_dampening * g;
-      buf[i] = b;
+        b = b * c.momentum + c.one_minus_dampening * g;
       if constexpr (Nesterov)
         g = g + c.momentum * b;
       else
         g = b;
     }
-    p[i] = p[i] + c.neg_lr * g;
+    return pi + c.neg_lr * g;
+  };
+  using V = typename strata::detail::simd<T>::type;
+  constexpr std::size_t L = strata::detail::simd<T>::lanes;
+  std::size_t const n = p.size();
+  T* const pd = p.data();
+  T const* const gd = grad.data();
+  std::size_t i = 0;
+  for (; i + L <= n; i += L) {
+    V b{};
+    if constexpr (Momentum && !First)
+      b = strata::detail::load<V>(buf + i);
+    V const out = update(strata::detail::load<V>(gd + i), strata::detail::load<V>(pd + i), b);
+    if constexpr (Momentum)
+      strata::detail::store(buf + i, b);
+    strata::detail::store(pd + i, out);
+  }
+  for (; i < n; ++i) {
+    T b{};
+    if constexpr (Momentum && !First)
+      b = buf[i];
+    T const out = update(gd[i], pd[i], b);
+    if constexpr (Momentum)
+      buf[i] = b;
+    pd[i] = out;
   }
 }
 

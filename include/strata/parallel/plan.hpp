@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 
 namespace strata {
@@ -36,6 +37,32 @@ struct overlap {
   static constexpr bool value = B;
 };
 
+/// Pipeline schedules: GPipe (all forwards, then all backwards), 1F1B (one forward one
+/// backward after a warm-up), and interleaved 1F1B with V model chunks per rank (Megatron).
+struct gpipe {};
+struct one_f_one_b {};
+template <int V>
+struct interleaved {
+  static_assert(V >= 2, "strata: interleaved<V> needs V >= 2 chunks per rank (V = 1 is "
+                        "one_f_one_b)");
+  static constexpr int value = V;
+};
+
+/// How the layers are split into stages: balanced by parameter count (the default), by layer
+/// count, or at explicit first layers of stages 1, 2, ... (stage 0 starts at layer 0).
+struct balance_by_parameters {};
+struct balance_by_layers {};
+template <std::size_t... FirstLayers>
+struct stage_boundaries {};
+
+/// The number of pipeline stages when it is known at compile time (checked against the
+/// mesh's pp at construction), so the plan's sizes are checked by the compiler.
+template <int P>
+struct stages {
+  static_assert(P >= 1, "strata: stages<P> needs P >= 1");
+  static constexpr int value = P;
+};
+
 /// The plan as values: what the trainer builds the step program from.
 struct plan_descriptor {
   std::size_t micro_batches = 1;
@@ -46,6 +73,15 @@ struct plan_descriptor {
     std::size_t divergence_every = 0;
     bool overlap = true;
   } data_parallel{};
+  struct pipeline_desc {
+    bool enabled = false;
+    std::uint8_t schedule = 0;       // 0 GPipe, 1 1F1B, 2 interleaved 1F1B
+    int chunks = 1;                  // v: model chunks per rank (interleaved)
+    int stages = 0;                  // p when the plan names it (stages<P>), else 0: the mesh's pp
+    std::uint8_t balance = 0;        // 0 by parameter count, 1 by layer count, 2 explicit
+    std::size_t boundaries[64] = {}; // explicit: first layer of each stage
+    std::size_t boundary_count = 0;
+  } pipeline{};
 };
 
 namespace detail {
@@ -130,18 +166,124 @@ struct data_parallel {
 
 namespace detail {
 template <class T>
+struct is_schedule : std::false_type {};
+template <>
+struct is_schedule<gpipe> : std::true_type {};
+template <>
+struct is_schedule<one_f_one_b> : std::true_type {};
+template <int V>
+struct is_schedule<interleaved<V>> : std::true_type {};
+template <class T>
+struct is_balance : std::false_type {};
+template <>
+struct is_balance<balance_by_parameters> : std::true_type {};
+template <>
+struct is_balance<balance_by_layers> : std::true_type {};
+template <std::size_t... B>
+struct is_balance<stage_boundaries<B...>> : std::true_type {};
+template <class T>
+struct is_stages : std::false_type {};
+template <int P>
+struct is_stages<stages<P>> : std::true_type {};
+
+template <class S>
+constexpr void lower_schedule(plan_descriptor::pipeline_desc& d) noexcept {
+  if constexpr (std::is_same_v<S, gpipe>)
+    d.schedule = 0;
+  else if constexpr (std::is_same_v<S, one_f_one_b>)
+    d.schedule = 1;
+  else if constexpr (is_schedule<S>::value) {
+    d.schedule = 2;
+    d.chunks = S::value;
+  }
+}
+template <class B>
+struct balance_lowering {
+  static constexpr void apply(plan_descriptor::pipeline_desc&) noexcept {}
+};
+template <>
+struct balance_lowering<balance_by_layers> {
+  static constexpr void apply(plan_descriptor::pipeline_desc& d) noexcept { d.balance = 1; }
+};
+template <std::size_t... B>
+struct balance_lowering<stage_boundaries<B...>> {
+  static_assert(sizeof...(B) + 1 <= 64, "strata: stage_boundaries<...> takes at most 63 values");
+  static constexpr void apply(plan_descriptor::pipeline_desc& d) noexcept {
+    d.balance = 2;
+    std::size_t const b[] = {0, B...};
+    d.boundary_count = sizeof...(B) + 1;
+    for (std::size_t i = 0; i < d.boundary_count; ++i)
+      d.boundaries[i] = b[i];
+  }
+};
+} // namespace detail
+
+/// Pipeline parallel over the mesh's pp axis: the model's layers split into p stages (v
+/// chunks per rank when interleaved), micro-batches streamed through them by a schedule
+/// table. Options, in any order, each at most once: the schedule (gpipe, one_f_one_b,
+/// interleaved<V>; required), micro_batches<M> (required), a balance (balance_by_parameters,
+/// the default; balance_by_layers; stage_boundaries<...>), stages<P>.
+template <class... Options>
+struct pipeline_parallel {
+  static_assert(((detail::is_schedule<Options>::value || detail::is_micro_batches<Options>::value ||
+                  detail::is_balance<Options>::value || detail::is_stages<Options>::value) &&
+                 ...),
+                "strata: pipeline_parallel<...> got an option it does not know: its options are "
+                "a schedule (gpipe, one_f_one_b, interleaved<V>), micro_batches<M>, a balance "
+                "(balance_by_parameters, balance_by_layers, stage_boundaries<...>), stages<P>");
+  static_assert(detail::count_v<detail::is_schedule, Options...> == 1,
+                "strata: pipeline_parallel<...> needs exactly one schedule: gpipe, one_f_one_b "
+                "or interleaved<V>");
+  static_assert(detail::count_v<detail::is_micro_batches, Options...> == 1,
+                "strata: pipeline_parallel<...> needs micro_batches<M> exactly once");
+  static_assert(detail::count_v<detail::is_balance, Options...> <= 1,
+                "strata: pipeline_parallel<...> names a balance twice: give one");
+  static_assert(detail::count_v<detail::is_stages, Options...> <= 1,
+                "strata: pipeline_parallel<...> names stages<P> twice: give it once");
+
+  static constexpr bool names_micro_batches = true;
+  static constexpr std::size_t m =
+      detail::value_of<detail::is_micro_batches, std::size_t{1}, Options...>::value;
+  static constexpr int p = detail::value_of<detail::is_stages, 0, Options...>::value;
+  static constexpr int v = [] {
+    plan_descriptor::pipeline_desc d;
+    (detail::lower_schedule<Options>(d), ...);
+    return d.chunks;
+  }();
+  static constexpr bool is_interleaved = v > 1;
+  static_assert(!is_interleaved || p == 0 || m % static_cast<std::size_t>(p) == 0,
+                "strata: interleaved 1F1B needs micro_batches<M> to be a multiple of stages<P>: "
+                "make M a multiple of P");
+
+  static constexpr void lower(plan_descriptor& d) noexcept {
+    d.pipeline.enabled = true;
+    (detail::lower_schedule<Options>(d.pipeline), ...);
+    (detail::balance_lowering<Options>::apply(d.pipeline), ...);
+    d.pipeline.stages = p;
+    d.micro_batches = m;
+  }
+};
+
+namespace detail {
+template <class T>
 struct is_data_parallel : std::false_type {};
 template <class... Os>
 struct is_data_parallel<data_parallel<Os...>> : std::true_type {};
 
 template <class T>
-inline constexpr bool is_plan_option_v = is_micro_batches<T>::value || is_data_parallel<T>::value;
+struct is_pipeline_parallel : std::false_type {};
+template <class... Os>
+struct is_pipeline_parallel<pipeline_parallel<Os...>> : std::true_type {};
+
+template <class T>
+inline constexpr bool is_plan_option_v =
+    is_micro_batches<T>::value || is_data_parallel<T>::value || is_pipeline_parallel<T>::value;
 
 template <class T>
 inline constexpr std::size_t micro_batch_mentions = [] {
   if constexpr (is_micro_batches<T>::value)
     return std::size_t{1};
-  else if constexpr (is_data_parallel<T>::value)
+  else if constexpr (is_data_parallel<T>::value || is_pipeline_parallel<T>::value)
     return T::names_micro_batches ? std::size_t{1} : std::size_t{0};
   else
     return std::size_t{0};
@@ -163,7 +305,9 @@ template <class... Options>
 struct plan {
   static_assert((detail::is_plan_option_v<Options> && ...),
                 "strata: plan<...> got an option it does not know: the options are "
-                "data_parallel<...> and micro_batches<M>");
+                "data_parallel<...>, pipeline_parallel<...> and micro_batches<M>");
+  static_assert(detail::count_v<detail::is_pipeline_parallel, Options...> <= 1,
+                "strata: plan<...> names pipeline_parallel twice: give it once");
   static_assert(detail::count_v<detail::is_data_parallel, Options...> <= 1,
                 "strata: plan<...> names data_parallel twice: give it once");
   static_assert((std::size_t{0} + ... + detail::micro_batch_mentions<Options>) <= 1,

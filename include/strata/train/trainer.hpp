@@ -16,6 +16,8 @@
 #include <strata/engine/trace.hpp>
 #include <strata/nn/parameter.hpp>
 #include <strata/parallel/data_parallel.hpp>
+#include <strata/parallel/partition.hpp>
+#include <strata/parallel/pipeline.hpp>
 #include <strata/parallel/plan.hpp>
 
 #include <cmath>
@@ -100,7 +102,24 @@ public:
     if (!d.data_parallel.enabled)
       axis("dp", shape.dp, "data_parallel<...>");
     axis("tp", shape.tp, "tensor_parallel (not built yet)");
-    axis("pp", shape.pp, "pipeline_parallel (not built yet)");
+    if (!d.pipeline.enabled)
+      axis("pp", shape.pp, "pipeline_parallel<...>");
+    if constexpr (d.pipeline.enabled) {
+      int const p = shape.pp, v = d.pipeline.chunks;
+      if (d.pipeline.stages != 0 && d.pipeline.stages != p)
+        throw config_error("strata: the plan names stages<" + std::to_string(d.pipeline.stages) +
+                           "> but the mesh has pp = " + std::to_string(p) +
+                           ": build the mesh with pp = " + std::to_string(d.pipeline.stages));
+      if (v > 1 && d.micro_batches % static_cast<std::size_t>(p) != 0)
+        throw config_error("strata: interleaved 1F1B with " + std::to_string(d.micro_batches) +
+                           " micro-batches on pp = " + std::to_string(p) +
+                           " stages: the micro-batches must be a multiple of pp; use " +
+                           std::to_string((d.micro_batches + p - 1) / p * p));
+      pipeline_ = {true, p, mesh.coords().pp, v};
+      passes_.push_back(std::make_unique<parallel::pipeline_pass<T, C>>(
+          mesh.pp(), d.pipeline,
+          options_.micro_batches ? options_.micro_batches : d.micro_batches));
+    }
     if constexpr (d.data_parallel.enabled)
       passes_.push_back(
           std::make_unique<parallel::data_parallel_pass<T, C>>(mesh.dp(), d.data_parallel));
@@ -189,6 +208,10 @@ public:
   }
 
   std::int64_t steps() const noexcept { return state_.step; }
+  /// The first layer of each pipeline stage (empty without a pipeline).
+  std::vector<std::size_t> const& stage_boundaries() const noexcept { return stage_first_; }
+  /// The passes, in fold order (pipeline, data parallel).
+  std::vector<std::unique_ptr<engine::pass<T>>> const& passes() const noexcept { return passes_; }
   std::size_t micro_batches() const noexcept { return micro_batches_; }
   /// Elements of the model's parameters on this rank.
   std::size_t parameter_count() const noexcept { return state_.flat_size; }
@@ -212,13 +235,48 @@ private:
       throw config_error("strata: trainer without an optimizer: pass engine::use<...>(options)");
     plan_descriptor const d = Plan::descriptor();
     micro_batches_ = options_.micro_batches ? options_.micro_batches : d.micro_batches;
-    engine::model_builder<T> b;
+    std::vector<engine::chunk_layers> chunks;
+    std::function<bool(std::size_t)> keep;
+    if (pipeline_.enabled) {
+      // Describe the whole model once (no storage: deferred), split it into p * v stages,
+      // then build again keeping this rank's layers only.
+      engine::model_builder<T> all([](std::size_t) { return false; });
+      {
+        nn::deferred_parameters deferred;
+        model.build(all);
+      }
+      std::vector<std::size_t> cost;
+      for (auto const& l : all.info())
+        cost.push_back(l.parameters);
+      std::size_t const stages = static_cast<std::size_t>(pipeline_.p * pipeline_.v);
+      auto const& pd = d.pipeline;
+      auto const first =
+          parallel::partition(cost, stages,
+                              pd.balance == 0   ? parallel::balance::parameters
+                              : pd.balance == 1 ? parallel::balance::layers
+                                                : parallel::balance::explicit_boundaries,
+                              std::span<std::size_t const>(pd.boundaries, pd.boundary_count));
+      stage_first_ = first;
+      std::vector<char> mine(cost.size(), 0);
+      for (int c = 0; c < pipeline_.v; ++c) {
+        std::size_t const st = static_cast<std::size_t>(c * pipeline_.p + pipeline_.rank);
+        std::size_t const b0 = first[st], e0 = st + 1 < stages ? first[st + 1] : cost.size();
+        chunks.push_back(
+            {static_cast<std::uint32_t>(b0), static_cast<std::uint32_t>(e0 - 1), st + 1 == stages});
+        for (std::size_t l = b0; l < e0; ++l)
+          mine[l] = 1;
+      }
+      keep = [mine](std::size_t l) { return l < mine.size() && mine[l]; };
+    }
+    engine::model_builder<T> b(keep);
     {
       nn::deferred_parameters deferred;
       model.build(b);
     }
     std::uint32_t const n = static_cast<std::uint32_t>(b.info().size());
-    state_.adopt(b, {{0, n == 0 ? 0 : n - 1, true}});
+    if (chunks.empty())
+      chunks.push_back({0, n == 0 ? 0 : n - 1, true});
+    state_.adopt(b, std::move(chunks));
     state_.seed = options_.seed;
     state_.lr = options_.lr;
     state_.clip = options_.clip;
@@ -243,8 +301,11 @@ private:
   }
 
   engine::program build(std::size_t m, bool training) {
-    auto p =
-        engine::program::from_schedule(engine::sequential_schedule(m), state_.chunks, m, training);
+    auto entries = engine::sequential_schedule(m);
+    for (auto& ps : passes_)
+      if (ps->schedule(m, training, entries))
+        break;
+    auto p = engine::program::from_schedule(entries, state_.chunks, m, training);
     for (std::size_t i = 0; i < passes_.size(); ++i) {
       if (training)
         passes_[i]->rewrite(p, static_cast<std::uint16_t>(i));
@@ -254,7 +315,14 @@ private:
     return p;
   }
 
+  struct pipeline_info {
+    bool enabled = false;
+    int p = 1, rank = 0, v = 1;
+  };
+
   trainer_options options_;
+  pipeline_info pipeline_{};
+  std::vector<std::size_t> stage_first_; // the first layer of each stage (pipelines)
   std::unique_ptr<memory_ledger> ledger_;
   std::size_t micro_batches_ = 1;
   std::size_t optimizer_bytes_ = 0;

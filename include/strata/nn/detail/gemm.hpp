@@ -2,6 +2,7 @@
 #pragma once
 
 #include <strata/core/element.hpp>
+#include <strata/core/simd.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -11,22 +12,9 @@
 
 namespace strata::nn::detail {
 
-// 16-byte SIMD vectors through GCC's vector extension (SSE2 at the x86-64 baseline, as Eigen
-// gets without -march); wider ISAs come from the compiler's flags, not from this code.
+// 16-byte SIMD vectors (core/simd.hpp).
 template <class C>
-struct simd;
-template <>
-struct simd<float> {
-  typedef float type __attribute__((vector_size(16)));
-  typedef float aligned_alias __attribute__((vector_size(16), may_alias));
-  static constexpr std::size_t lanes = 4;
-};
-template <>
-struct simd<double> {
-  typedef double type __attribute__((vector_size(16)));
-  typedef double aligned_alias __attribute__((vector_size(16), may_alias));
-  static constexpr std::size_t lanes = 2;
-};
+using simd = strata::detail::simd<C>;
 
 template <class C>
 struct gemm_blocking {

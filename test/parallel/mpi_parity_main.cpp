@@ -1,5 +1,5 @@
-// Data-parallel parity under MPI: run with mpirun -np N (2 and 4 in the suite). Every rank
-// gets only its slice of the global batch; every rank checks against one rank on the whole
+// Data-parallel and pipeline parity under MPI: run with mpirun -np N (2 and 4 in the suite). Every
+// rank gets only its slice of the global batch; every rank checks against one rank on the whole
 // batch and all agree on the report. Rank 0 prints one line per check; exit 1 on a failure.
 #include <strata/comm/mpi.hpp>
 #include <strata/models/gpt.hpp>
@@ -46,6 +46,27 @@ int main(int argc, char** argv) {
            st::test::check_parity<ddp>(
                world, gpt, {.sequences = b, .seq = 8, .optimizer = opt, .lr = 1e-2, .seed = s}));
     }
+    // Pipelines (the 8-block GPT): pp = n, and dp 2 x pp 2 on 4 processes.
+    st::models::gpt_model<double> gpt8{
+        {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 8}};
+    st::comm::mesh_shape const pp_n{.pp = n};
+    line("gpt8 f64 gpipe m4",
+         st::test::check_parity<st::plan<st::pipeline_parallel<st::gpipe, st::micro_batches<4>>>>(
+             world, gpt8, {.sequences = 4, .seq = 8, .seed = s}, pp_n));
+    line("gpt8 f64 1f1b m8 sgd",
+         st::test::check_parity<
+             st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<8>>>>(
+             world, gpt8, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .seed = s},
+             pp_n));
+    line("gpt8 f64 interleaved v2 m8",
+         st::test::check_parity<
+             st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<8>>>>(
+             world, gpt8, {.sequences = 8, .seq = 8, .seed = s}, pp_n));
+    if (n == 4)
+      line("gpt8 f64 dp2 x pp2 1f1b m4",
+           st::test::check_parity<st::plan<
+               st::data_parallel<>, st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>>(
+               world, gpt8, {.sequences = 8, .seq = 8, .seed = s}, {.dp = 2, .pp = 2}));
     line("mlp f64 sgd, clipping active",
          st::test::check_parity<ddp_acc>(world, m64,
                                          {.sequences = 2 * b,

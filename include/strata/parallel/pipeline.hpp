@@ -1,0 +1,252 @@
+// The pipeline pass: runs this rank's part of a schedule table — its chunks' forwards and
+// backwards in table order, with each slot's sends and receives posted as one group on the
+// mesh's pp communicator — and reduces the loss and the gradient norm over the stages.
+#pragma once
+
+#include <strata/comm/communicator.hpp>
+#include <strata/comm/p2p.hpp>
+#include <strata/comm/reduce_op.hpp>
+#include <strata/core/error.hpp>
+#include <strata/engine/op.hpp>
+#include <strata/engine/pass.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+#include <strata/parallel/plan.hpp>
+#include <strata/parallel/schedule.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace strata::parallel {
+
+/// The schedule kind a plan names.
+constexpr schedule_kind kind_of(plan_descriptor::pipeline_desc const& d) noexcept {
+  return d.schedule == 0   ? schedule_kind::gpipe
+         : d.schedule == 1 ? schedule_kind::one_f_one_b
+                           : schedule_kind::interleaved_1f1b;
+}
+
+/// The forward-only table of evaluation: for each micro-batch, each chunk in stage order,
+/// with the same grouping rule as the training tables (the sends of the previous compute
+/// and the receives of this one in one group before it).
+inline schedule_table forward_only_schedule(int p, int m, int v) {
+  schedule_table t;
+  t.kind = schedule_kind::gpipe;
+  t.p = p;
+  t.m = m;
+  t.v = v;
+  t.ranks.resize(static_cast<std::size_t>(p));
+  int const stages = p * v;
+  for (int r = 0; r < p; ++r) {
+    auto& rs = t.ranks[static_cast<std::size_t>(r)];
+    std::vector<p2p_op> pending;
+    for (int mb = 0; mb < m; ++mb)
+      for (int c = 0; c < v; ++c) {
+        int const s = c * p + r;
+        action a;
+        a.backward = false;
+        a.micro_batch = static_cast<std::uint32_t>(mb);
+        a.chunk = static_cast<std::uint16_t>(c);
+        a.stage = s;
+        a.group = pending;
+        pending.clear();
+        if (s > 0)
+          a.group.push_back({false, false, a.micro_batch, a.chunk, (s - 1) % p});
+        if (s + 1 < stages)
+          pending.push_back({true, false, a.micro_batch, a.chunk, (s + 1) % p});
+        rs.actions.push_back(std::move(a));
+      }
+    rs.final_group = pending;
+  }
+  return t;
+}
+
+/// The pipeline pass over communicator C (the mesh's pp group). Its program is the table's
+/// row for this rank: the engine's forward and backward operations of each action, and
+/// before each action one `send` operation (owner: this pass) that posts the action's group
+/// — the sends of the previous action's output and the receives this action needs — with
+/// the communicator's group(), which posts every send, then every receive, and waits.
+template <class T, comm::communicator C>
+class pipeline_pass final : public engine::pass<T> {
+  enum : std::uint32_t { arg_loss = 0xfffffffeu };
+
+public:
+  pipeline_pass(C& pp, plan_descriptor::pipeline_desc const& d, std::size_t micro_batches)
+      : pp_(&pp), d_(d), m_(static_cast<int>(micro_batches)) {
+    int const p = pp.size(), v = d.chunks;
+    table_ = make_schedule(kind_of(d), p, m_, v);
+    scratch_.reserve(8);
+  }
+
+  std::string_view name() const noexcept override { return "pipeline_parallel"; }
+  schedule_table const& table() const noexcept { return table_; }
+  C& group() noexcept { return *pp_; }
+
+  /// This rank's compute order, for the engine's program builder.
+  std::vector<engine::schedule_entry> entries(schedule_table const& t) const {
+    std::vector<engine::schedule_entry> e;
+    for (auto const& a : t.ranks[static_cast<std::size_t>(pp_->rank())].actions)
+      e.push_back({a.backward, a.micro_batch, a.chunk});
+    return e;
+  }
+
+  bool schedule(std::size_t m, bool training, std::vector<engine::schedule_entry>& out) override {
+    if (training) {
+      out = entries(table_);
+    } else {
+      eval_table_ = forward_only_schedule(pp_->size(), static_cast<int>(m), d_.chunks);
+      out = entries(eval_table_);
+    }
+    return true;
+  }
+
+  void configure(engine::state<T>& s) override {
+    // Every stage owns other parameters: the squared norms add up over the stages.
+    auto previous = std::move(s.reduce_norm_sq);
+    s.reduce_norm_sq = [this, previous](double& sq) {
+      if (previous)
+        previous(sq);
+      pp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum);
+    };
+  }
+
+  void rewrite(engine::program& p, std::uint16_t id) override {
+    insert_groups(p, id, table_, train_groups_);
+    engine::op o{};
+    o.code = engine::op_code::collective;
+    o.owner = id;
+    o.arg = arg_loss;
+    p.ops.push_back(o); // after the optimizer step (and any data-parallel averaging)
+  }
+
+  void rewrite_eval(engine::program& p, std::uint16_t id) override {
+    insert_groups(p, id, eval_table_, eval_groups_);
+    engine::op o{};
+    o.code = engine::op_code::collective;
+    o.owner = id;
+    o.arg = arg_loss;
+    p.ops.push_back(o);
+  }
+
+  void run(engine::op const& o, engine::state<T>& s) override {
+    if (o.code == engine::op_code::collective && o.arg == arg_loss) {
+      // Only the last stage computed losses: the sum over the stages is its value.
+      double l = s.loss_sum;
+      pp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::sum);
+      s.loss_sum = l;
+      return;
+    }
+    auto const& groups = s.training ? train_groups_ : eval_groups_;
+    transfer_group const& g = groups[o.arg];
+    std::size_t const rows = s.mb_rows();
+    scratch_.clear();
+    for (transfer const& t : g.ops) {
+      engine::chunk_layers const& c = s.chunks[t.chunk];
+      std::uint32_t const first = c.first, last = c.last;
+      if (!t.grad) {
+        if (t.send) {
+          auto y = s.out[last][t.slot].view(rows, s.layers[last].out);
+          scratch_.push_back(comm::p2p::send(std::span<T const>(y.data(), y.size()), t.peer));
+        } else {
+          auto x = s.in[t.chunk][t.slot].get(rows, s.layers[first].in);
+          scratch_.push_back(comm::p2p::recv(std::span<T>(x.data(), x.size()), t.peer));
+        }
+      } else {
+        if (t.send) {
+          auto dx = s.din[t.chunk].get(rows, s.layers[first].in);
+          scratch_.push_back(comm::p2p::send(std::span<T const>(dx.data(), dx.size()), t.peer));
+        } else {
+          auto dy = s.dout[last].get(rows, s.layers[last].out);
+          scratch_.push_back(comm::p2p::recv(std::span<T>(dy.data(), dy.size()), t.peer));
+        }
+      }
+    }
+    pp_->group(std::span<comm::p2p const>(scratch_));
+  }
+
+private:
+  struct transfer {
+    bool send = false, grad = false;
+    std::uint16_t chunk = 0, slot = 0;
+    int peer = 0;
+  };
+  struct transfer_group {
+    std::vector<transfer> ops;
+  };
+
+  // Before the first engine operation of each action, a `send` operation for the action's
+  // group; after the last, one for the final group. Slots come from the program's forwards.
+  void insert_groups(engine::program& p, std::uint16_t id, schedule_table const& t,
+                     std::vector<transfer_group>& groups) {
+    using engine::op;
+    using engine::op_code;
+    auto const& row = t.ranks[static_cast<std::size_t>(pp_->rank())];
+    std::map<std::pair<std::uint16_t, std::uint32_t>, std::uint16_t> slot_of;
+    for (op const& o : p.ops)
+      if (o.code == op_code::forward)
+        slot_of[{o.chunk, o.micro_batch}] = o.slot;
+    auto convert = [&](std::vector<p2p_op> const& ops) {
+      transfer_group g;
+      for (auto const& x : ops) // sends first: group() posts them first anyway
+        g.ops.push_back({x.send, x.grad, x.chunk, slot_of.at({x.chunk, x.micro_batch}), x.peer});
+      return g;
+    };
+    groups.clear();
+    for (auto const& a : row.actions)
+      groups.push_back(convert(a.group));
+    groups.push_back(convert(row.final_group));
+    std::size_t next = 0; // the action whose first operation comes next
+    auto group_op = [&](std::size_t k, op const* at) {
+      op g{};
+      g.code = op_code::send;
+      g.owner = id;
+      g.arg = static_cast<std::uint32_t>(k);
+      if (at) {
+        g.chunk = at->chunk;
+        g.micro_batch = at->micro_batch;
+        g.flags = at->flags & (engine::first_micro_batch | engine::last_micro_batch);
+      }
+      return g;
+    };
+    bool final_done = false;
+    p.rewrite(
+        [&](op const& o, std::vector<op>& out) {
+          bool const starts = (o.code == op_code::forward && o.has(engine::chunk_begin)) ||
+                              (o.code == op_code::backward && o.has(engine::chunk_end));
+          if (starts) {
+            if (next >= row.actions.size())
+              throw error("strata: pipeline: the program has more actions than the table");
+            if (!groups[next].ops.empty())
+              out.push_back(group_op(next, &o));
+            ++next;
+          }
+          if (o.code == op_code::clip && !final_done) { // the last sends, before clipping
+            if (!groups.back().ops.empty())
+              out.push_back(group_op(row.actions.size(), nullptr));
+            final_done = true;
+          }
+          return true;
+        },
+        {});
+    if (next != row.actions.size())
+      throw error("strata: pipeline: the program has " + std::to_string(next) +
+                  " actions, the table " + std::to_string(row.actions.size()));
+    if (!final_done && !groups.back().ops.empty()) // forward-only: at the end
+      p.ops.push_back(group_op(row.actions.size(), nullptr));
+  }
+
+  C* pp_;
+  plan_descriptor::pipeline_desc d_;
+  int m_;
+  schedule_table table_, eval_table_;
+  std::vector<transfer_group> train_groups_, eval_groups_;
+  std::vector<comm::p2p> scratch_;
+};
+
+} // namespace strata::parallel

@@ -1,0 +1,192 @@
+// Pipeline parallel: stage partitions, parity with one rank for every schedule (p = 2 and 4,
+// m = 1, 4, 8, interleaved with v = 2, with and without data parallel), the executed trace
+// against the table, per-rank parameter bytes, and refusals with the numbers.
+#include <strata/comm/local.hpp>
+#include <strata/comm/mesh.hpp>
+#include <strata/models/gpt.hpp>
+#include <strata/models/mlp.hpp>
+#include <strata/optim/sgd.hpp>
+#include <strata/parallel/partition.hpp>
+#include <strata/train/trainer.hpp>
+
+#include "../support/parity.hpp"
+#include "../support/seed.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace st = strata;
+namespace eng = strata::engine;
+using Catch::Matchers::Contains;
+using st::test::parity_optimizer;
+
+namespace {
+
+void require_ok(st::test::parity_report const& r) {
+  INFO(r.summary());
+  REQUIRE(r.ok);
+}
+
+auto constant(double lr) {
+  return [lr](std::int64_t) { return lr; };
+}
+
+// The 8-block GPT of the pipeline tests: 11 layers (embed, 8 blocks, norm, head).
+template <class T>
+st::models::gpt_model<T> gpt8() {
+  return {{.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 8}};
+}
+
+template <class S, std::size_t M>
+using pp = st::plan<st::pipeline_parallel<S, st::micro_batches<M>>>;
+template <class S, std::size_t M>
+using dp_pp = st::plan<st::data_parallel<>, st::pipeline_parallel<S, st::micro_batches<M>>>;
+
+} // namespace
+
+TEST_CASE("layers split into contiguous stages by parameters, layers or explicitly",
+          "[parallel][pipeline]") {
+  using st::parallel::balance;
+  std::vector<std::size_t> const cost{100, 10, 10, 10, 10, 0, 50, 50};
+  // By parameters: the largest stage is as small as possible (100 alone); the greedy fill
+  // gives the later stages as much as that bound allows.
+  auto const p = st::parallel::partition(cost, 3, balance::parameters);
+  CHECK(p == std::vector<std::size_t>{0, 1, 7});
+  CHECK(st::parallel::partition(cost, 8, balance::parameters) ==
+        std::vector<std::size_t>{0, 1, 2, 3, 4, 5, 6, 7});
+  CHECK(st::parallel::partition(cost, 3, balance::layers) == std::vector<std::size_t>{0, 3, 6});
+  std::vector<std::size_t> const given{0, 2, 5};
+  CHECK(st::parallel::partition(cost, 3, balance::explicit_boundaries, given) == given);
+  CHECK_THROWS_WITH(st::parallel::partition(cost, 9, balance::parameters),
+                    Contains("the model has 8 layers but the pipeline needs 9 stages"));
+  std::vector<std::size_t> const bad{0, 5, 5};
+  CHECK_THROWS_WITH(st::parallel::partition(cost, 3, balance::explicit_boundaries, bad),
+                    Contains("stage 2 would start at layer 5"));
+}
+
+TEST_CASE("GPipe and 1F1B train like one rank (p = 2 and 4; m = 1, 4, 8)",
+          "[parallel][pipeline][parity]") {
+  auto const g = gpt8<double>();
+  require_ok(st::test::check_parity<pp<st::gpipe, 1>>(2, g, {.sequences = 2, .seq = 8}, {.pp = 2}));
+  require_ok(st::test::check_parity<pp<st::gpipe, 4>>(2, g, {.sequences = 4, .seq = 8}, {.pp = 2}));
+  require_ok(st::test::check_parity<pp<st::gpipe, 8>>(4, g, {.sequences = 8, .seq = 8}, {.pp = 4}));
+  require_ok(st::test::check_parity<pp<st::gpipe, 1>>(4, g, {.sequences = 2, .seq = 8}, {.pp = 4}));
+  require_ok(st::test::check_parity<pp<st::one_f_one_b, 1>>(
+      2, g, {.sequences = 2, .seq = 8, .optimizer = parity_optimizer::sgd}, {.pp = 2}));
+  require_ok(
+      st::test::check_parity<pp<st::one_f_one_b, 4>>(2, g, {.sequences = 4, .seq = 8}, {.pp = 2}));
+  require_ok(st::test::check_parity<pp<st::one_f_one_b, 8>>(
+      4, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd}, {.pp = 4}));
+  // fewer micro-batches than stages: torchtitan's deadlock case
+  require_ok(
+      st::test::check_parity<pp<st::one_f_one_b, 2>>(4, g, {.sequences = 2, .seq = 8}, {.pp = 4}));
+  // clipping active: the norm sums over the stages
+  require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(
+      4, g, {.sequences = 4, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 0.1, .clip = 0.1},
+      {.pp = 4}));
+}
+
+TEST_CASE("interleaved 1F1B trains like one rank (v = 2)", "[parallel][pipeline][parity]") {
+  auto const g = gpt8<double>();
+  require_ok(st::test::check_parity<pp<st::interleaved<2>, 4>>(2, g, {.sequences = 4, .seq = 8},
+                                                               {.pp = 2}));
+  require_ok(st::test::check_parity<pp<st::interleaved<2>, 8>>(
+      2, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd}, {.pp = 2}));
+  require_ok(st::test::check_parity<pp<st::interleaved<2>, 4>>(4, g, {.sequences = 4, .seq = 8},
+                                                               {.pp = 4}));
+  require_ok(st::test::check_parity<pp<st::interleaved<2>, 8>>(4, g, {.sequences = 8, .seq = 8},
+                                                               {.pp = 4}));
+}
+
+TEST_CASE("pipelines compose with data parallel (dp 2 x pp 2) and run in f32",
+          "[parallel][pipeline][parity]") {
+  auto const g = gpt8<double>();
+  require_ok(st::test::check_parity<dp_pp<st::gpipe, 4>>(4, g, {.sequences = 8, .seq = 8},
+                                                         {.dp = 2, .pp = 2}));
+  require_ok(st::test::check_parity<dp_pp<st::one_f_one_b, 4>>(
+      4, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd}, {.dp = 2, .pp = 2}));
+  require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
+      4, g, {.sequences = 8, .seq = 8, .lr = 1e-2, .clip = 0.1}, {.dp = 2, .pp = 2}));
+  auto const g32 = gpt8<float>();
+  require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(2, g32, {.sequences = 4, .seq = 8},
+                                                            {.pp = 2}));
+  require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
+      4, g32, {.sequences = 8, .seq = 8}, {.dp = 2, .pp = 2}));
+}
+
+TEST_CASE("the executed trace follows the table on every rank; each rank holds its stage only",
+          "[parallel][pipeline]") {
+  std::uint64_t const seed = st::test::seed();
+  auto const g = gpt8<float>();
+  std::size_t total = 0;
+  {
+    st::trainer<decltype(g)> one(g, eng::use<st::optim::sgd<float>>(), {.lr = constant(0.1)});
+    total = one.parameter_count();
+  }
+  std::vector<std::size_t> held(4);
+  st::comm::local::run(4, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.pp = 4});
+    using plan = st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>>>;
+    st::trainer<decltype(g), plan> t(mesh, g, eng::use<st::optim::sgd<float>>(),
+                                     {.lr = constant(0.1), .seed = seed});
+    std::vector<std::int32_t> tok(4 * 8), tgt(4 * 8);
+    for (std::size_t i = 0; i < tok.size(); ++i) {
+      tok[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 24);
+      tgt[i] = static_cast<std::int32_t>(st::test::mix(seed + 1, i) % 24);
+    }
+    t.step({4, 8, tok, {}, tgt});
+    t.step({4, 8, tok, {}, tgt});
+    auto const* pass =
+        dynamic_cast<st::parallel::pipeline_pass<float, st::comm::local::communicator> const*>(
+            t.passes().front().get());
+    STRATA_CHECK(pass != nullptr);
+    auto const& row = pass->table().ranks[static_cast<std::size_t>(world.rank())].actions;
+    // The computes in executed order: each action is its first engine operation.
+    std::vector<std::tuple<bool, std::uint32_t, std::uint16_t>> ran;
+    for (auto const& e : t.trace().events()) {
+      auto const& o = t.program().ops[e.index];
+      if ((o.code == eng::op_code::forward && o.has(eng::chunk_begin)) ||
+          (o.code == eng::op_code::backward && o.has(eng::chunk_end)))
+        ran.emplace_back(o.code == eng::op_code::backward, o.micro_batch, o.chunk);
+    }
+    STRATA_CHECK(ran.size() == row.size());
+    for (std::size_t i = 0; i < row.size(); ++i)
+      STRATA_CHECK_MSG(ran[i] == std::make_tuple(row[i].backward, row[i].micro_batch, row[i].chunk),
+                       "rank " + std::to_string(world.rank()) + " action " + std::to_string(i));
+    held[static_cast<std::size_t>(world.rank())] = t.parameter_count();
+    STRATA_CHECK(t.ledger().peak(st::memory_kind::parameters) ==
+                 t.parameter_count() * sizeof(float));
+  });
+  CHECK(std::accumulate(held.begin(), held.end(), std::size_t{0}) == total);
+  for (std::size_t h : held) {
+    CHECK(h > 0);
+    CHECK(h < total / 2);
+  }
+}
+
+TEST_CASE("bad pipeline plans are refused with the numbers", "[parallel][pipeline][errors]") {
+  auto run = [](int n, auto plan_tag, st::comm::mesh_shape shape, auto const& model) {
+    using plan = decltype(plan_tag);
+    st::comm::local::run(n, [&](st::comm::local::communicator& world) {
+      st::comm::mesh mesh(world, shape);
+      st::trainer<std::decay_t<decltype(model)>, plan> t(
+          mesh, model,
+          eng::use<st::optim::sgd<typename std::decay_t<decltype(model)>::value_type>>(),
+          {.lr = constant(0.1)});
+    });
+  };
+  st::models::mlp_model<float> const small{8, 8, 2, 3}; // 3 layers
+  CHECK_THROWS_WITH(run(4, pp<st::gpipe, 4>{}, {.pp = 4}, small),
+                    Contains("the model has 3 layers but the pipeline needs 4 stages"));
+  CHECK_THROWS_WITH(run(2, pp<st::interleaved<2>, 3>{}, {.pp = 2}, gpt8<float>()),
+                    Contains("3 micro-batches on pp = 2 stages") && Contains("use 4"));
+  using named = st::plan<st::pipeline_parallel<st::gpipe, st::micro_batches<2>, st::stages<4>>>;
+  CHECK_THROWS_WITH(run(2, named{}, {.pp = 2}, gpt8<float>()),
+                    Contains("names stages<4> but the mesh has pp = 2"));
+  CHECK_THROWS_WITH(run(2, st::plan<>{}, {.pp = 2}, gpt8<float>()),
+                    Contains("the mesh has pp = 2 but the plan has no pipeline_parallel<...>"));
+}
