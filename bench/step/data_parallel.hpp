@@ -13,13 +13,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <vector>
 
 namespace strata::bench {
 
 inline constexpr std::size_t ddp_batch = 64; // per rank
-inline constexpr int ddp_warmup = 3, ddp_steps = 20;
+inline constexpr int ddp_warmup = 3;
 
 inline models::mlp_model<float> ddp_model() {
   return {1024, 1024, 4, 1024};
@@ -27,6 +28,8 @@ inline models::mlp_model<float> ddp_model() {
 
 struct ddp_figures {
   double one_rank_s = 0; ///< median step of one rank alone, same per-rank batch
+  double concurrent_s = 0; ///< the same, every rank at once without communicating: what
+                           ///< sharing the machine's cores and memory costs by itself
   double step_s = 0;     ///< median data-parallel step
   double exposed_s = 0;  ///< median wait for the buckets at the end of backward
   double serial_s = 0;   ///< the same wait when every bucket starts after backward
@@ -60,14 +63,12 @@ inline auto ddp_options() {
   return o;
 }
 
-/// Steps a trainer: warm-up, then ddp_steps timed steps; the step times and the time of the
-/// `wait` operation (exposed communication) of each.
+/// Steps a trainer `steps` times; the step times and the time of the `wait` operation
+/// (exposed communication) of each.
 template <class Trainer>
-void run_steps(Trainer& t, ddp_inputs const& in, std::vector<double>& step,
+void run_steps(Trainer& t, ddp_inputs const& in, int steps, std::vector<double>& step,
                std::vector<double>& wait) {
-  for (int k = 0; k < ddp_warmup; ++k)
-    t.step(in.view());
-  for (int k = 0; k < ddp_steps; ++k) {
+  for (int k = 0; k < steps; ++k) {
     auto const r = t.step(in.view());
     step.push_back(r.seconds);
     double w = 0;
@@ -78,35 +79,41 @@ void run_steps(Trainer& t, ddp_inputs const& in, std::vector<double>& step,
   }
 }
 
-/// The body each rank runs; rank 0 fills `out`.
+/// The body each rank runs; rank 0 fills `out`. The three configurations (one rank alone
+/// while the others wait, data parallel, data parallel without overlap) take turns over
+/// ddp_rounds rounds of ddp_steps / ddp_rounds steps each, so a slow phase of a shared machine
+/// weighs on all three alike; the figures are medians over every step.
 template <class Plan, class SerialPlan, class C>
 void ddp_rank(C& world, ddp_figures& out) {
+  constexpr int rounds = 5, per_round = 8;
   auto const model = ddp_model();
   ddp_inputs const in(world.rank());
-  std::vector<double> one, none;
-  if (world.rank() == 0) { // one rank alone: the others wait
-    trainer<models::mlp_model<float>> t(model, engine::use<optim::sgd<float>>({.momentum = 0.9}),
-                                        ddp_options());
-    run_steps(t, in, one, none);
-  }
-  world.barrier();
+  auto sgd = [] { return engine::use<optim::sgd<float>>({.momentum = 0.9}); };
+  trainer<models::mlp_model<float>> alone(model, sgd(), ddp_options());
   comm::mesh<C> mesh(world, {.dp = world.size()});
-  std::vector<double> step, wait, sstep, swait;
+  trainer<models::mlp_model<float>, Plan> t(mesh, model, sgd(), ddp_options());
+  trainer<models::mlp_model<float>, SerialPlan> serial(mesh, model, sgd(), ddp_options());
+  std::vector<double> one, none, both, step, wait, sstep, swait;
+  for (int k = 0; k < ddp_warmup; ++k) { // first touch, workspaces
+    alone.step(in.view());
+    t.step(in.view());
+    serial.step(in.view());
+  }
+  for (int round = 0; round < rounds; ++round) {
+    if (world.rank() == 0)
+      run_steps(alone, in, per_round, one, none);
+    world.barrier();
+    run_steps(alone, in, per_round, both, none); // every rank alone, at the same time
+    world.barrier();
+    run_steps(t, in, per_round, step, wait);
+    run_steps(serial, in, per_round, sstep, swait);
+  }
   std::size_t buckets = 0;
-  {
-    trainer<models::mlp_model<float>, Plan> t(
-        mesh, model, engine::use<optim::sgd<float>>({.momentum = 0.9}), ddp_options());
-    run_steps(t, in, step, wait);
-    for (auto const& o : t.program().ops)
-      buckets += o.code == engine::op_code::collective;
-  }
-  {
-    trainer<models::mlp_model<float>, SerialPlan> t(
-        mesh, model, engine::use<optim::sgd<float>>({.momentum = 0.9}), ddp_options());
-    run_steps(t, in, sstep, swait);
-  }
+  for (auto const& o : t.program().ops)
+    buckets += o.code == engine::op_code::collective;
   if (world.rank() == 0) {
     out.one_rank_s = median(one);
+    out.concurrent_s = median(both);
     out.step_s = median(step);
     out.exposed_s = median(wait);
     out.serial_s = median(swait);
@@ -121,6 +128,8 @@ inline void report(benchmark::State& state, ddp_figures const& f, int ranks) {
   state.counters["step_ms"] = f.step_s * 1e3;
   state.counters["one_rank_ms"] = f.one_rank_s * 1e3;
   state.counters["ratio_to_1rank"] = f.step_s / f.one_rank_s;
+  state.counters["concurrent_1rank_ms"] = f.concurrent_s * 1e3;
+  state.counters["ratio_to_concurrent"] = f.step_s / f.concurrent_s;
   state.counters["samples_per_s"] = double(ddp_batch) * ranks / f.step_s;
   state.counters["exposed_comm_ms"] = f.exposed_s * 1e3;
   state.counters["serial_comm_ms"] = f.serial_s * 1e3;

@@ -1,4 +1,4 @@
-// strata_bench_step: the linear layer's forward and backward GFLOP/s beside Eigen's GEMM on the
+// The linear layer's forward and backward GFLOP/s beside Eigen's GEMM on the
 // same shapes, in one process, with the ratio as a counter (goal: ratio >= 0.85).
 #include <strata/nn/linear.hpp>
 
@@ -112,9 +112,11 @@ void strata_backward(benchmark::State& state) {
 
 } // namespace
 
+namespace strata::bench {
+
 // Eigen, then strata, shape by shape: the two runs of a pair are adjacent in time, so load
 // from other processes on a shared machine skews the ratio less.
-int main(int argc, char** argv) {
+void register_linear() {
   for (long t : {512L, 1024L, 2048L, 4096L}) {
     benchmark::RegisterBenchmark("eigen_gemm_forward", eigen_forward)
         ->Arg(t)
@@ -135,10 +137,6 @@ int main(int argc, char** argv) {
         ->Unit(benchmark::kMillisecond)
         ->UseRealTime();
   }
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv))
-    return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
 }
+
+} // namespace strata::bench

@@ -92,7 +92,9 @@ public:
   // ---- activations -----------------------------------------------------------------------
   // out[l][s]: layer l's output in slot s; saved[l][s]: its saved state; dout[l]: the
   // gradient of its output; in[c][s]: a chunk's input received from another rank;
-  // din[c]: the gradient of a chunk's input, to send back.
+  // din[c]: the gradient of a chunk's input, to send back. Activations (out, saved, in) are
+  // held per slot, from a micro-batch's forward to its backward; the gradients (dout, din)
+  // live within one backward and are counted as workspace.
   std::vector<std::vector<nn::detail::workspace<T>>> out;
   std::vector<std::vector<std::unique_ptr<saved_base>>> saved;
   std::vector<nn::detail::workspace<T>> dout;
@@ -169,7 +171,7 @@ public:
           out[l].emplace_back(memory_kind::activations);
         while (saved[l].size() < n)
           saved[l].push_back(nodes[l]->make_saved());
-        dout[l] = nn::detail::workspace<T>(memory_kind::activations);
+        dout[l] = nn::detail::workspace<T>(memory_kind::workspace); // lives within a backward
       }
       while (in[c].size() < n)
         in[c].emplace_back(memory_kind::activations);

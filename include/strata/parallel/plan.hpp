@@ -321,6 +321,25 @@ struct plan {
   }
 };
 
+/// Checks what the compiler can know of a plan against a model: with a model that states its
+/// layer count as a constant (`static constexpr std::size_t layer_count`) and a pipeline
+/// that names stages<P>, the model must have at least P x chunks layers. The trainer calls it;
+/// true when nothing is wrong.
+template <class Model, class Plan>
+constexpr bool check_plan() {
+  constexpr plan_descriptor d = Plan::descriptor();
+  if constexpr (requires { Model::layer_count; }) {
+    if constexpr (d.pipeline.enabled && d.pipeline.stages > 0) {
+      static_assert(Model::layer_count >=
+                        static_cast<std::size_t>(d.pipeline.stages * d.pipeline.chunks),
+                    "strata: the model has fewer layers than the pipeline's stages x chunks: "
+                    "each stage needs at least one layer; use fewer stages<P> or chunks "
+                    "(interleaved<V>)");
+    }
+  }
+  return true;
+}
+
 template <class T>
 struct is_plan : std::false_type {};
 template <class... Os>

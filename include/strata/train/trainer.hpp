@@ -66,6 +66,7 @@ struct step_result {
 template <engine::model Model, class Plan = plan<>>
 class trainer {
   static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
+  static_assert(check_plan<Model, Plan>());
 
 public:
   using value_type = typename Model::value_type;
