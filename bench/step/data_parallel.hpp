@@ -27,12 +27,12 @@ inline models::mlp_model<float> ddp_model() {
 }
 
 struct ddp_figures {
-  double one_rank_s = 0; ///< median step of one rank alone, same per-rank batch
+  double one_rank_s = 0;   ///< median step of one rank alone, same per-rank batch
   double concurrent_s = 0; ///< the same, every rank at once without communicating: what
                            ///< sharing the machine's cores and memory costs by itself
-  double step_s = 0;     ///< median data-parallel step
-  double exposed_s = 0;  ///< median wait for the buckets at the end of backward
-  double serial_s = 0;   ///< the same wait when every bucket starts after backward
+  double step_s = 0;       ///< median data-parallel step
+  double exposed_s = 0;    ///< median wait for the buckets at the end of backward
+  double serial_s = 0;     ///< the same wait when every bucket starts after backward
   double serial_step_s = 0;
   std::size_t buckets = 0;
 };

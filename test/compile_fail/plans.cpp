@@ -18,9 +18,11 @@ struct three_layers {
 
 #if STRATA_CASE == 1 // interleaved 1F1B: micro-batches not a multiple of the stages
 #ifdef STRATA_TWIN
-using plan = st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<8>, st::stages<4>>>;
+using plan =
+    st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<8>, st::stages<4>>>;
 #else
-using plan = st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<6>, st::stages<4>>>;
+using plan =
+    st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<6>, st::stages<4>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
@@ -28,7 +30,8 @@ constexpr auto d = plan::descriptor();
 #ifdef STRATA_TWIN
 using plan = st::plan<st::pipeline_parallel<st::gpipe, st::micro_batches<4>, st::stages<3>>>;
 #else
-using plan = st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>, st::stages<2>>>;
+using plan =
+    st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>, st::stages<2>>>;
 #endif
 static_assert(st::check_plan<three_layers, plan>());
 
@@ -66,4 +69,6 @@ constexpr auto d = plan::descriptor();
 
 #endif
 
-int main() { return 0; }
+int main() {
+  return 0;
+}
