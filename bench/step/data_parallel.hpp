@@ -11,6 +11,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -30,6 +31,8 @@ struct ddp_figures {
   double one_rank_s = 0;   ///< median step of one rank alone, same per-rank batch
   double concurrent_s = 0; ///< the same, every rank at once without communicating: what
                            ///< sharing the machine's cores and memory costs by itself
+  double lockstep_s = 0;   ///< the same with a barrier after each step: what waiting for the
+                           ///< slowest rank costs, before any communication
   double step_s = 0;       ///< median data-parallel step
   double exposed_s = 0;    ///< median wait for the buckets at the end of backward
   double serial_s = 0;     ///< the same wait when every bucket starts after backward
@@ -93,7 +96,7 @@ void ddp_rank(C& world, ddp_figures& out) {
   comm::mesh<C> mesh(world, {.dp = world.size()});
   trainer<models::mlp_model<float>, Plan> t(mesh, model, sgd(), ddp_options());
   trainer<models::mlp_model<float>, SerialPlan> serial(mesh, model, sgd(), ddp_options());
-  std::vector<double> one, none, both, step, wait, sstep, swait;
+  std::vector<double> one, none, both, lockstep, step, wait, sstep, swait;
   for (int k = 0; k < ddp_warmup; ++k) { // first touch, workspaces
     alone.step(in.view());
     t.step(in.view());
@@ -105,6 +108,13 @@ void ddp_rank(C& world, ddp_figures& out) {
     world.barrier();
     run_steps(alone, in, per_round, both, none); // every rank alone, at the same time
     world.barrier();
+    for (int k = 0; k < per_round; ++k) { // the same, waiting for each other after each step
+      auto const t0 = std::chrono::steady_clock::now();
+      alone.step(in.view());
+      world.barrier();
+      lockstep.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
     run_steps(t, in, per_round, step, wait);
     run_steps(serial, in, per_round, sstep, swait);
   }
@@ -114,6 +124,7 @@ void ddp_rank(C& world, ddp_figures& out) {
   if (world.rank() == 0) {
     out.one_rank_s = median(one);
     out.concurrent_s = median(both);
+    out.lockstep_s = median(lockstep);
     out.step_s = median(step);
     out.exposed_s = median(wait);
     out.serial_s = median(swait);
@@ -130,6 +141,8 @@ inline void report(benchmark::State& state, ddp_figures const& f, int ranks) {
   state.counters["ratio_to_1rank"] = f.step_s / f.one_rank_s;
   state.counters["concurrent_1rank_ms"] = f.concurrent_s * 1e3;
   state.counters["ratio_to_concurrent"] = f.step_s / f.concurrent_s;
+  state.counters["lockstep_1rank_ms"] = f.lockstep_s * 1e3;
+  state.counters["ratio_to_lockstep"] = f.step_s / f.lockstep_s;
   state.counters["samples_per_s"] = double(ddp_batch) * ranks / f.step_s;
   state.counters["exposed_comm_ms"] = f.exposed_s * 1e3;
   state.counters["serial_comm_ms"] = f.serial_s * 1e3;
