@@ -9,6 +9,7 @@
 #include <strata/train/trainer.hpp>
 
 #include "../support/seed.hpp"
+#include "../support/training.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -37,23 +38,6 @@ std::string codes(eng::program const& p) {
   }
   return s;
 }
-
-auto constant(double lr) {
-  return [lr](std::int64_t) { return lr; };
-}
-
-struct mlp_data {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  mlp_data(std::size_t rows, std::size_t in, std::size_t classes, std::uint64_t seed)
-      : x(rows * in), y(rows) {
-    for (std::size_t i = 0; i < x.size(); ++i)
-      x[i] = static_cast<float>(double(st::test::mix(seed, i) >> 11) * 0x1.0p-53 * 2 - 1);
-    for (std::size_t i = 0; i < rows; ++i)
-      y[i] = static_cast<std::int32_t>(st::test::mix(seed ^ 3, i) % classes);
-  }
-  eng::batch_view<float> view(std::size_t rows) const { return {rows, 1, {}, x, y}; }
-};
 
 } // namespace
 
@@ -132,7 +116,7 @@ TEST_CASE("the trainer lays parameters out flat, in backward order, initialised 
   std::uint64_t const seed = st::test::seed();
   st::models::mlp_model<float> m{16, 24, 3, 5};
   st::trainer<decltype(m)> t(m, eng::use<st::optim::sgd<float>>(),
-                             {.lr = constant(0.1), .seed = seed});
+                             {.lr = st::test::constant_lr(0.1), .seed = seed});
   auto& s = t.state();
   std::size_t const n = 16 * 24 + 24 + 24 * 24 + 24 + 24 * 5 + 5;
   CHECK(t.parameter_count() == n);
@@ -165,7 +149,7 @@ TEST_CASE("evaluate gives the step's loss and changes nothing", "[engine][traine
   st::models::gpt_model<double> g{
       {.vocab = 20, .seq = 8, .features = 16, .heads = 2, .layers = 2, .dropout = 0.1}};
   st::trainer<decltype(g)> t(g, eng::use<st::optim::adamw<double>>(),
-                             {.lr = constant(1e-2), .seed = seed});
+                             {.lr = st::test::constant_lr(1e-2), .seed = seed});
   std::vector<std::int32_t> tok(3 * 8), tgt(3 * 8);
   for (std::size_t i = 0; i < tok.size(); ++i) {
     tok[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 20);
@@ -194,9 +178,9 @@ TEST_CASE("evaluate gives the step's loss and changes nothing", "[engine][traine
 TEST_CASE("the trace records every operation in order with its time", "[engine][trainer]") {
   std::uint64_t const seed = st::test::seed();
   st::models::mlp_model<float> m{16, 32, 3, 5};
-  mlp_data d(8, 16, 5, seed);
-  st::trainer<decltype(m), st::plan<st::micro_batches<2>>> t(m, eng::use<st::optim::sgd<float>>(),
-                                                             {.lr = constant(0.1), .seed = seed});
+  st::test::feature_batch d(8, 16, 5, seed);
+  st::trainer<decltype(m), st::plan<st::micro_batches<2>>> t(
+      m, eng::use<st::optim::sgd<float>>(), {.lr = st::test::constant_lr(0.1), .seed = seed});
   CHECK(t.micro_batches() == 2);
   auto const r = t.step(d.view(8));
   auto const& p = t.program();
@@ -222,9 +206,9 @@ TEST_CASE("the trace records every operation in order with its time", "[engine][
 TEST_CASE("the trainer refuses bad batches and models with the numbers", "[engine][trainer]") {
   std::uint64_t const seed = st::test::seed();
   st::models::mlp_model<float> m{16, 32, 2, 5};
-  mlp_data d(6, 16, 5, seed);
-  st::trainer<decltype(m), st::plan<st::micro_batches<4>>> t(m, eng::use<st::optim::sgd<float>>(),
-                                                             {.lr = constant(0.1), .seed = seed});
+  st::test::feature_batch d(6, 16, 5, seed);
+  st::trainer<decltype(m), st::plan<st::micro_batches<4>>> t(
+      m, eng::use<st::optim::sgd<float>>(), {.lr = st::test::constant_lr(0.1), .seed = seed});
   CHECK_THROWS_WITH(t.step(d.view(6)), Contains("6 sequences does not split into 4 micro-batches"));
   eng::batch_view<float> short_x{4, 1, {}, std::span<float const>(d.x).first(10), d.y};
   CHECK_THROWS_WITH(t.step(short_x), Contains("10 feature values for 4 rows of 16 features"));
@@ -233,9 +217,9 @@ TEST_CASE("the trainer refuses bad batches and models with the numbers", "[engin
     using value_type = float;
     void build(eng::model_builder<float>& b) const { b.add(st::nn::linear<float>("fc", 4, 4)); }
   };
-  CHECK_THROWS_WITH(
-      (st::trainer<no_loss>(no_loss{}, eng::use<st::optim::sgd<float>>(), {.lr = constant(0.1)})),
-      Contains("has no loss"));
+  CHECK_THROWS_WITH((st::trainer<no_loss>(no_loss{}, eng::use<st::optim::sgd<float>>(),
+                                          {.lr = st::test::constant_lr(0.1)})),
+                    Contains("has no loss"));
   struct mismatch {
     using value_type = float;
     void build(eng::model_builder<float>& b) const {
@@ -244,9 +228,9 @@ TEST_CASE("the trainer refuses bad batches and models with the numbers", "[engin
       b.loss(st::nn::softmax_cross_entropy<float>("loss", 3));
     }
   };
-  CHECK_THROWS_WITH(
-      (st::trainer<mismatch>(mismatch{}, eng::use<st::optim::sgd<float>>(), {.lr = constant(0.1)})),
-      Contains("layer 1 \"fc1\" takes 6 features but layer 0 \"fc0\" gives 8"));
+  CHECK_THROWS_WITH((st::trainer<mismatch>(mismatch{}, eng::use<st::optim::sgd<float>>(),
+                                           {.lr = st::test::constant_lr(0.1)})),
+                    Contains("layer 1 \"fc1\" takes 6 features but layer 0 \"fc0\" gives 8"));
   CHECK_THROWS_WITH((st::trainer<decltype(m)>(m, eng::use<st::optim::sgd<float>>(), {})),
                     Contains("lr is not set"));
 }
@@ -254,11 +238,12 @@ TEST_CASE("the trainer refuses bad batches and models with the numbers", "[engin
 TEST_CASE("a non-finite loss stops training with the step", "[engine][trainer]") {
   std::uint64_t const seed = st::test::seed();
   st::models::mlp_model<float> m{8, 8, 2, 3};
-  mlp_data d(4, 8, 3, seed);
+  st::test::feature_batch d(4, 8, 3, seed);
   d.x[5] = std::numeric_limits<float>::quiet_NaN();
-  st::trainer<decltype(m)> t(m, eng::use<st::optim::sgd<float>>(), {.lr = constant(0.1)});
+  st::trainer<decltype(m)> t(m, eng::use<st::optim::sgd<float>>(),
+                             {.lr = st::test::constant_lr(0.1)});
   CHECK_THROWS_WITH(t.step(d.view(4)), Contains("loss is") && Contains("at step 1"));
   st::trainer<decltype(m)> c(m, eng::use<st::optim::sgd<float>>(),
-                             {.lr = constant(0.1), .clip = 1.0});
+                             {.lr = st::test::constant_lr(0.1), .clip = 1.0});
   CHECK_THROWS_WITH(c.step(d.view(4)), Contains("gradient norm is not finite at step 1"));
 }

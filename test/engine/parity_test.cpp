@@ -3,32 +3,25 @@
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
 
-#include "../support/parity.hpp"
+#include "../support/require_parity.hpp"
 
 #include <catch2/catch.hpp>
 
 namespace st = strata;
 using st::test::parity_optimizer;
 
-namespace {
-void require_ok(st::test::parity_report const& r) {
-  INFO(r.summary());
-  REQUIRE(r.ok);
-}
-} // namespace
-
 TEMPLATE_TEST_CASE("accumulating micro-batches trains like the full batch (MLP)",
                    "[engine][parity]", float, double) {
   st::models::mlp_model<TestType> m{24, 32, 3, 7};
   for (auto opt : {parity_optimizer::sgd, parity_optimizer::adamw}) {
     INFO((opt == parity_optimizer::sgd ? "sgd" : "adamw"));
-    require_ok(st::test::check_parity<st::plan<st::micro_batches<2>>>(
+    st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<2>>>(
         m, {.sequences = 8, .optimizer = opt}));
-    require_ok(st::test::check_parity<st::plan<st::micro_batches<4>>>(
+    st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<4>>>(
         m, {.sequences = 8, .optimizer = opt, .lr = 5e-2}));
   }
   // Clipping active: the max norm is below the real norm (checked at the first step).
-  require_ok(st::test::check_parity<st::plan<st::micro_batches<4>>>(
+  st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<4>>>(
       m, {.sequences = 8, .optimizer = parity_optimizer::sgd, .lr = 0.1, .clip = 0.05}));
 }
 
@@ -38,10 +31,10 @@ TEMPLATE_TEST_CASE("accumulating micro-batches trains like the full batch (GPT)"
       {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 2}};
   for (auto opt : {parity_optimizer::sgd, parity_optimizer::adamw}) {
     INFO((opt == parity_optimizer::sgd ? "sgd" : "adamw"));
-    require_ok(st::test::check_parity<st::plan<st::micro_batches<2>>>(
+    st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<2>>>(
         g, {.sequences = 4, .seq = 8, .optimizer = opt, .lr = 1e-2}));
   }
-  require_ok(st::test::check_parity<st::plan<st::micro_batches<4>>>(
+  st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<4>>>(
       g,
       {.sequences = 4, .seq = 8, .optimizer = parity_optimizer::adamw, .lr = 1e-2, .clip = 0.1}));
 }

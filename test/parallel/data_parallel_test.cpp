@@ -8,8 +8,9 @@
 #include <strata/optim/sgd.hpp>
 #include <strata/train/trainer.hpp>
 
-#include "../support/parity.hpp"
+#include "../support/require_parity.hpp"
 #include "../support/seed.hpp"
+#include "../support/training.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -25,32 +26,8 @@ using st::test::parity_optimizer;
 
 namespace {
 
-void require_ok(st::test::parity_report const& r) {
-  INFO(r.summary());
-  REQUIRE(r.ok);
-}
-
-auto constant(double lr) {
-  return [lr](std::int64_t) { return lr; };
-}
-
 using ddp = st::plan<st::data_parallel<>>;
 using ddp_acc2 = st::plan<st::data_parallel<st::micro_batches<2>>>;
-// Small buckets: several per step, so the overlap and the counters are visible.
-using ddp_small = st::plan<st::data_parallel<st::bucket_mib<1>>>;
-
-struct feature_batch {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-  feature_batch(std::size_t rows, std::size_t in, std::size_t classes, std::uint64_t seed)
-      : x(rows * in), y(rows) {
-    for (std::size_t i = 0; i < x.size(); ++i)
-      x[i] = static_cast<float>(double(st::test::mix(seed, i) >> 11) * 0x1.0p-53 - 0.5);
-    for (std::size_t i = 0; i < rows; ++i)
-      y[i] = static_cast<std::int32_t>(st::test::mix(seed + 7, i) % classes);
-  }
-  eng::batch_view<float> view(std::size_t rows) const { return {rows, 1, {}, x, y}; }
-};
 
 } // namespace
 
@@ -61,11 +38,12 @@ TEMPLATE_TEST_CASE("data parallel trains like one rank (MLP)", "[parallel][ddp][
     INFO("ranks " << n);
     for (auto opt : {parity_optimizer::sgd, parity_optimizer::adamw}) {
       INFO((opt == parity_optimizer::sgd ? "sgd" : "adamw"));
-      require_ok(st::test::check_parity<ddp>(n, m, {.sequences = 12, .optimizer = opt}));
-      require_ok(st::test::check_parity<ddp_acc2>(n, m, {.sequences = 24, .optimizer = opt}));
+      st::test::require_ok(st::test::check_parity<ddp>(n, m, {.sequences = 12, .optimizer = opt}));
+      st::test::require_ok(
+          st::test::check_parity<ddp_acc2>(n, m, {.sequences = 24, .optimizer = opt}));
     }
   }
-  require_ok(st::test::check_parity<ddp_acc2>(
+  st::test::require_ok(st::test::check_parity<ddp_acc2>(
       4, m, {.sequences = 16, .optimizer = parity_optimizer::sgd, .lr = 0.1, .clip = 0.05}));
 }
 
@@ -73,10 +51,10 @@ TEMPLATE_TEST_CASE("data parallel trains like one rank (GPT)", "[parallel][ddp][
                    double) {
   st::models::gpt_model<TestType> g{
       {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 2}};
-  require_ok(st::test::check_parity<ddp>(2, g, {.sequences = 4, .seq = 8, .lr = 1e-2}));
-  require_ok(st::test::check_parity<ddp_acc2>(
+  st::test::require_ok(st::test::check_parity<ddp>(2, g, {.sequences = 4, .seq = 8, .lr = 1e-2}));
+  st::test::require_ok(st::test::check_parity<ddp_acc2>(
       3, g, {.sequences = 6, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
-  require_ok(
+  st::test::require_ok(
       st::test::check_parity<ddp>(4, g, {.sequences = 8, .seq = 8, .lr = 1e-2, .clip = 0.1}));
 }
 
@@ -89,8 +67,8 @@ TEST_CASE("a bucket's all-reduce starts during backward, once per step, on the l
     st::comm::mesh mesh(world, {.dp = 2});
     using plan = st::plan<st::data_parallel<st::bucket_mib<1>, st::micro_batches<4>>>;
     st::trainer<decltype(m), plan> t(mesh, m, eng::use<st::optim::sgd<float>>(),
-                                     {.lr = constant(0.1), .seed = seed});
-    feature_batch d(8, 256, 64, seed + static_cast<std::uint64_t>(world.rank()));
+                                     {.lr = st::test::constant_lr(0.1), .seed = seed});
+    st::test::feature_batch d(8, 256, 64, seed + static_cast<std::uint64_t>(world.rank()));
     auto const& p = t.program();
     std::size_t buckets = 0;
     for (auto const& o : p.ops)
@@ -129,7 +107,7 @@ TEST_CASE("without overlap every bucket is reduced after backward", "[parallel][
     st::comm::mesh mesh(world, {.dp = 2});
     using plan = st::plan<st::data_parallel<st::bucket_mib<1>, st::overlap<false>>>;
     st::trainer<decltype(m), plan> t(mesh, m, eng::use<st::optim::sgd<float>>(),
-                                     {.lr = constant(0.1), .seed = seed});
+                                     {.lr = st::test::constant_lr(0.1), .seed = seed});
     auto const& p = t.program();
     std::size_t const first = p.find(eng::op_code::collective);
     for (std::size_t i = 0; i < first; ++i)
@@ -137,7 +115,7 @@ TEST_CASE("without overlap every bucket is reduced after backward", "[parallel][
     for (std::size_t i = first; i < p.ops.size(); ++i)
       STRATA_CHECK(p.ops[i].code != eng::op_code::backward);
   });
-  require_ok(st::test::check_parity<st::plan<st::data_parallel<st::overlap<false>>>>(
+  st::test::require_ok(st::test::check_parity<st::plan<st::data_parallel<st::overlap<false>>>>(
       2, st::models::mlp_model<double>{8, 8, 2, 3}, {.sequences = 4}));
 }
 
@@ -192,10 +170,10 @@ TEST_CASE("a rank that throws during backward makes the others raise, not hang",
                         [&](st::comm::local::communicator& world) {
                           this_rank = world.rank();
                           st::comm::mesh mesh(world, {.dp = 3});
-                          st::trainer<faulty_model, ddp> t(mesh, faulty_model{},
-                                                           eng::use<st::optim::sgd<float>>(),
-                                                           {.lr = constant(0.1), .seed = seed});
-                          feature_batch d(2, 8, 3, seed);
+                          st::trainer<faulty_model, ddp> t(
+                              mesh, faulty_model{}, eng::use<st::optim::sgd<float>>(),
+                              {.lr = st::test::constant_lr(0.1), .seed = seed});
+                          st::test::feature_batch d(2, 8, 3, seed);
                           try {
                             for (int k = 0; k < 4; ++k)
                               t.step(d.view(2));
@@ -220,7 +198,7 @@ TEST_CASE("replicas with different models are refused, naming the ranks and size
                                            st::models::mlp_model<float> m{4, width, 2, 3};
                                            st::trainer<decltype(m), ddp> t(
                                                mesh, m, eng::use<st::optim::sgd<float>>(),
-                                               {.lr = constant(0.1)});
+                                               {.lr = st::test::constant_lr(0.1)});
                                          }),
                     Contains("dp rank 0 holds 67 parameter elements in 4 tensors") &&
                         Contains("dp rank 2 holds 99 elements in 4 tensors"));
@@ -234,10 +212,10 @@ TEST_CASE("the divergence check names the replica that drifted", "[parallel][ddp
                         [&](st::comm::local::communicator& world) {
                           st::comm::mesh mesh(world, {.dp = 3});
                           using plan = st::plan<st::data_parallel<st::divergence_check_every<2>>>;
-                          st::trainer<decltype(m), plan> t(mesh, m,
-                                                           eng::use<st::optim::sgd<float>>(),
-                                                           {.lr = constant(0.1), .seed = seed});
-                          feature_batch d(2, 8, 3, seed + world.rank());
+                          st::trainer<decltype(m), plan> t(
+                              mesh, m, eng::use<st::optim::sgd<float>>(),
+                              {.lr = st::test::constant_lr(0.1), .seed = seed});
+                          st::test::feature_batch d(2, 8, 3, seed + world.rank());
                           t.step(d.view(2));
                           t.step(d.view(2)); // checked: equal
                           if (world.rank() == 2)
@@ -255,7 +233,7 @@ TEST_CASE("a mesh axis without its strategy is refused", "[parallel][ddp][errors
                                            st::comm::mesh mesh(world, {.dp = 2});
                                            st::trainer<decltype(m)> t(
                                                mesh, m, eng::use<st::optim::sgd<float>>(),
-                                               {.lr = constant(0.1)});
+                                               {.lr = st::test::constant_lr(0.1)});
                                          }),
                     Contains("the mesh has dp = 2 but the plan has no data_parallel<...>"));
 }
@@ -270,13 +248,14 @@ TEST_CASE("the loss every rank reports is the global batch's", "[parallel][ddp]"
     x[i] = double(st::test::mix(seed, i) >> 11) * 0x1.0p-53 - 0.5;
   for (std::size_t i = 0; i < y.size(); ++i)
     y[i] = static_cast<std::int32_t>(st::test::mix(seed + 1, i) % 3);
-  st::trainer<decltype(m)> one(m, eng::use<st::optim::sgd<double>>(), {.lr = constant(0.1)});
+  st::trainer<decltype(m)> one(m, eng::use<st::optim::sgd<double>>(),
+                               {.lr = st::test::constant_lr(0.1)});
   double const want = one.evaluate({6, 1, {}, x, y});
   std::vector<double> got(3);
   st::comm::local::run(3, [&](st::comm::local::communicator& world) {
     st::comm::mesh mesh(world, {.dp = 3});
     st::trainer<decltype(m), ddp> t(mesh, m, eng::use<st::optim::sgd<double>>(),
-                                    {.lr = constant(0.1)});
+                                    {.lr = st::test::constant_lr(0.1)});
     std::size_t const r = static_cast<std::size_t>(world.rank());
     eng::batch_view<double> mine{2,
                                  1,

@@ -9,8 +9,9 @@
 #include <strata/parallel/partition.hpp>
 #include <strata/train/trainer.hpp>
 
-#include "../support/parity.hpp"
+#include "../support/require_parity.hpp"
 #include "../support/seed.hpp"
+#include "../support/training.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -25,15 +26,6 @@ using Catch::Matchers::Contains;
 using st::test::parity_optimizer;
 
 namespace {
-
-void require_ok(st::test::parity_report const& r) {
-  INFO(r.summary());
-  REQUIRE(r.ok);
-}
-
-auto constant(double lr) {
-  return [lr](std::int64_t) { return lr; };
-}
 
 // The 8-block GPT of the pipeline tests: 11 layers (embed, 8 blocks, norm, head).
 template <class T>
@@ -71,50 +63,54 @@ TEST_CASE("layers split into contiguous stages by parameters, layers or explicit
 TEST_CASE("GPipe and 1F1B train like one rank (p = 2 and 4; m = 1, 4, 8)",
           "[parallel][pipeline][parity]") {
   auto const g = gpt8<double>();
-  require_ok(st::test::check_parity<pp<st::gpipe, 1>>(2, g, {.sequences = 2, .seq = 8}, {.pp = 2}));
-  require_ok(st::test::check_parity<pp<st::gpipe, 4>>(2, g, {.sequences = 4, .seq = 8}, {.pp = 2}));
-  require_ok(st::test::check_parity<pp<st::gpipe, 8>>(4, g, {.sequences = 8, .seq = 8}, {.pp = 4}));
-  require_ok(st::test::check_parity<pp<st::gpipe, 1>>(4, g, {.sequences = 2, .seq = 8}, {.pp = 4}));
-  require_ok(st::test::check_parity<pp<st::one_f_one_b, 1>>(
+  st::test::require_ok(
+      st::test::check_parity<pp<st::gpipe, 1>>(2, g, {.sequences = 2, .seq = 8}, {.pp = 2}));
+  st::test::require_ok(
+      st::test::check_parity<pp<st::gpipe, 4>>(2, g, {.sequences = 4, .seq = 8}, {.pp = 2}));
+  st::test::require_ok(
+      st::test::check_parity<pp<st::gpipe, 8>>(4, g, {.sequences = 8, .seq = 8}, {.pp = 4}));
+  st::test::require_ok(
+      st::test::check_parity<pp<st::gpipe, 1>>(4, g, {.sequences = 2, .seq = 8}, {.pp = 4}));
+  st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 1>>(
       2, g, {.sequences = 2, .seq = 8, .optimizer = parity_optimizer::sgd}, {.pp = 2}));
-  require_ok(
+  st::test::require_ok(
       st::test::check_parity<pp<st::one_f_one_b, 4>>(2, g, {.sequences = 4, .seq = 8}, {.pp = 2}));
-  require_ok(st::test::check_parity<pp<st::one_f_one_b, 8>>(
+  st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 8>>(
       4, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd}, {.pp = 4}));
   // fewer micro-batches than stages: torchtitan's deadlock case
-  require_ok(
+  st::test::require_ok(
       st::test::check_parity<pp<st::one_f_one_b, 2>>(4, g, {.sequences = 2, .seq = 8}, {.pp = 4}));
   // clipping active: the norm sums over the stages
-  require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(
+  st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(
       4, g, {.sequences = 4, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 0.1, .clip = 0.1},
       {.pp = 4}));
 }
 
 TEST_CASE("interleaved 1F1B trains like one rank (v = 2)", "[parallel][pipeline][parity]") {
   auto const g = gpt8<double>();
-  require_ok(st::test::check_parity<pp<st::interleaved<2>, 4>>(2, g, {.sequences = 4, .seq = 8},
-                                                               {.pp = 2}));
-  require_ok(st::test::check_parity<pp<st::interleaved<2>, 8>>(
+  st::test::require_ok(st::test::check_parity<pp<st::interleaved<2>, 4>>(
+      2, g, {.sequences = 4, .seq = 8}, {.pp = 2}));
+  st::test::require_ok(st::test::check_parity<pp<st::interleaved<2>, 8>>(
       2, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd}, {.pp = 2}));
-  require_ok(st::test::check_parity<pp<st::interleaved<2>, 4>>(4, g, {.sequences = 4, .seq = 8},
-                                                               {.pp = 4}));
-  require_ok(st::test::check_parity<pp<st::interleaved<2>, 8>>(4, g, {.sequences = 8, .seq = 8},
-                                                               {.pp = 4}));
+  st::test::require_ok(st::test::check_parity<pp<st::interleaved<2>, 4>>(
+      4, g, {.sequences = 4, .seq = 8}, {.pp = 4}));
+  st::test::require_ok(st::test::check_parity<pp<st::interleaved<2>, 8>>(
+      4, g, {.sequences = 8, .seq = 8}, {.pp = 4}));
 }
 
 TEST_CASE("pipelines compose with data parallel (dp 2 x pp 2) and run in f32",
           "[parallel][pipeline][parity]") {
   auto const g = gpt8<double>();
-  require_ok(st::test::check_parity<dp_pp<st::gpipe, 4>>(4, g, {.sequences = 8, .seq = 8},
-                                                         {.dp = 2, .pp = 2}));
-  require_ok(st::test::check_parity<dp_pp<st::one_f_one_b, 4>>(
+  st::test::require_ok(st::test::check_parity<dp_pp<st::gpipe, 4>>(4, g, {.sequences = 8, .seq = 8},
+                                                                   {.dp = 2, .pp = 2}));
+  st::test::require_ok(st::test::check_parity<dp_pp<st::one_f_one_b, 4>>(
       4, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd}, {.dp = 2, .pp = 2}));
-  require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
+  st::test::require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
       4, g, {.sequences = 8, .seq = 8, .lr = 1e-2, .clip = 0.1}, {.dp = 2, .pp = 2}));
   auto const g32 = gpt8<float>();
-  require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(2, g32, {.sequences = 4, .seq = 8},
-                                                            {.pp = 2}));
-  require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
+  st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(
+      2, g32, {.sequences = 4, .seq = 8}, {.pp = 2}));
+  st::test::require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
       4, g32, {.sequences = 8, .seq = 8}, {.dp = 2, .pp = 2}));
 }
 
@@ -124,7 +120,8 @@ TEST_CASE("the executed trace follows the table on every rank; each rank holds i
   auto const g = gpt8<float>();
   std::size_t total = 0;
   {
-    st::trainer<decltype(g)> one(g, eng::use<st::optim::sgd<float>>(), {.lr = constant(0.1)});
+    st::trainer<decltype(g)> one(g, eng::use<st::optim::sgd<float>>(),
+                                 {.lr = st::test::constant_lr(0.1)});
     total = one.parameter_count();
   }
   std::vector<std::size_t> held(4);
@@ -132,7 +129,7 @@ TEST_CASE("the executed trace follows the table on every rank; each rank holds i
     st::comm::mesh mesh(world, {.pp = 4});
     using plan = st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>>>;
     st::trainer<decltype(g), plan> t(mesh, g, eng::use<st::optim::sgd<float>>(),
-                                     {.lr = constant(0.1), .seed = seed});
+                                     {.lr = st::test::constant_lr(0.1), .seed = seed});
     std::vector<std::int32_t> tok(4 * 8), tgt(4 * 8);
     for (std::size_t i = 0; i < tok.size(); ++i) {
       tok[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 24);
@@ -176,7 +173,7 @@ TEST_CASE("bad pipeline plans are refused with the numbers", "[parallel][pipelin
       st::trainer<std::decay_t<decltype(model)>, plan> t(
           mesh, model,
           eng::use<st::optim::sgd<typename std::decay_t<decltype(model)>::value_type>>(),
-          {.lr = constant(0.1)});
+          {.lr = st::test::constant_lr(0.1)});
     });
   };
   st::models::mlp_model<float> const small{8, 8, 2, 3}; // 3 layers

@@ -230,7 +230,7 @@ parity_report check_parity(C& world, Model const& model, parity_options o,
     throw check_failed("parity: a global batch of " + std::to_string(o.sequences) +
                        " sequences does not split over dp = " + std::to_string(dp));
   std::size_t const per = o.sequences / dp;
-  std::size_t const in = make_parity_data(model, {.sequences = 1, .seq = 1}, 0).features.size();
+  std::size_t const in = data.features.size() / (o.sequences * o.seq); // 0 for token models
   auto const mine = data.slice(d * per, per, o.seq, in);
 
   parity_report r;

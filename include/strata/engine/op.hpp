@@ -66,6 +66,15 @@ struct op {
   constexpr bool recompute() const noexcept { return has(recomputing); }
 };
 
+/// An operation a pass inserts: its code, its owner (the pass's id) and the owner's argument.
+constexpr op pass_op(op_code code, std::uint16_t owner, std::uint32_t arg = 0) noexcept {
+  op o{};
+  o.code = code;
+  o.owner = owner;
+  o.arg = arg;
+  return o;
+}
+
 /// What the step timers count an operation as.
 enum class op_category : std::uint8_t { forward, backward, optimizer, communication, other };
 inline constexpr int op_category_count = 5;

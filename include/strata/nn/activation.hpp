@@ -2,6 +2,7 @@
 #pragma once
 
 #include <strata/core/element.hpp>
+#include <strata/core/simd.hpp>
 #include <strata/core/tensor.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
@@ -80,9 +81,10 @@ struct relu_op {
 
 // tanh in f32 without a call: Eigen's rational approximation (generic_fast_tanh_float), a
 // degree-13 odd over degree-6 even polynomial on x clamped to +-7.9053 (where tanh is 1 in
-// f32). Within 3e-7 of std::tanh over [-10, 10]; for scalars and 4-lane vectors.
+// f32). Within 3e-7 of std::tanh over [-10, 10]. V is float or a 4-lane float vector: the
+// same operations per lane either way.
 template <class V>
-inline V fast_tanh(V x) noexcept {
+inline V rational_tanh(V x) noexcept {
   V const c = x * 0 + 7.90531110763549805f;
   x = x > c ? c : x;
   x = x < -c ? -c : x;
@@ -99,27 +101,26 @@ inline V fast_tanh(V x) noexcept {
   q = x2 * q + 4.89352518554385e-03f;
   return p / q;
 }
-inline float fast_tanh_scalar(float x) noexcept {
-  if (x > 7.90531110763549805f)
-    x = 7.90531110763549805f;
-  if (x < -7.90531110763549805f)
-    x = -7.90531110763549805f;
-  float const x2 = x * x;
-  float p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-  p = x2 * p + -8.60467152213735e-11f;
-  p = x2 * p + 5.12229709037114e-08f;
-  p = x2 * p + 1.48572235717979e-05f;
-  p = x2 * p + 6.37261928875436e-04f;
-  p = x2 * p + 4.89352455891786e-03f;
-  p = x * p;
-  float q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-  q = x2 * q + 2.26843463243900e-03f;
-  q = x2 * q + 4.89352518554385e-03f;
-  return p / q;
+
+// Applies body(lane values...) -> lane result to n floats, 4 lanes at a time, then one at a
+// time: the body is written once for vectors and scalars.
+template <class Body>
+inline void map_rows(std::size_t n, float* out, Body body, float const* in0,
+                     float const* in1 = nullptr) noexcept {
+  using V = strata::detail::simd<float>::type;
+  std::size_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    V const r = in1 ? body(strata::detail::load<V>(in0 + j), strata::detail::load<V>(in1 + j))
+                    : body(strata::detail::load<V>(in0 + j), V{});
+    strata::detail::store(out + j, r);
+  }
+  for (; j < n; ++j)
+    out[j] = body(in0[j], in1 ? in1[j] : 0.0f);
 }
 
 // gelu(x) = x/2 (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi): GPT-2's approximation.
-// In f32 the rows go 4 lanes at a time with fast_tanh; f64 and 16-bit storage use std::tanh.
+// In f32 the rows go 4 lanes at a time with rational_tanh; f64 and 16-bit storage use
+// std::tanh.
 template <class C>
 struct gelu_op {
   static constexpr C k = static_cast<C>(0.7978845608028654);
@@ -132,39 +133,20 @@ struct gelu_op {
 
   static void f_row(float const* x, float* y,
                     std::size_t n) noexcept requires std::is_same_v<C, float> {
-    using V = simd<float>::type;
-    std::size_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-      V v;
-      __builtin_memcpy(&v, x + j, sizeof v);
-      V const t = fast_tanh(k * (v + a * v * v * v));
-      V const out = 0.5f * v * (1.0f + t);
-      __builtin_memcpy(y + j, &out, sizeof out);
-    }
-    for (; j < n; ++j) {
-      float const v = x[j];
-      y[j] = 0.5f * v * (1.0f + fast_tanh_scalar(k * (v + a * v * v * v)));
-    }
+    map_rows(
+        n, y,
+        [](auto v, auto) { return 0.5f * v * (1.0f + rational_tanh(k * (v + a * v * v * v))); }, x);
   }
   static void df_row(float const* x, float const* dy, float* dx,
                      std::size_t n) noexcept requires std::is_same_v<C, float> {
-    using V = simd<float>::type;
-    std::size_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-      V v, d;
-      __builtin_memcpy(&v, x + j, sizeof v);
-      __builtin_memcpy(&d, dy + j, sizeof d);
-      V const t = fast_tanh(k * (v + a * v * v * v));
-      V const g = 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v);
-      V const out = g * d;
-      __builtin_memcpy(dx + j, &out, sizeof out);
-    }
-    for (; j < n; ++j) {
-      float const v = x[j];
-      float const t = fast_tanh_scalar(k * (v + a * v * v * v));
-      dx[j] =
-          (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v)) * dy[j];
-    }
+    map_rows(
+        n, dx,
+        [](auto v, auto d) {
+          auto const t = rational_tanh(k * (v + a * v * v * v));
+          return (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v)) *
+                 d;
+        },
+        x, dy);
   }
 };
 } // namespace detail

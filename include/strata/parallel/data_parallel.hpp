@@ -123,8 +123,8 @@ public:
           if (o.code == op_code::clip) {
             if (!d_.overlap)
               for (std::uint32_t b = 0; b < buckets_.size(); ++b)
-                out.push_back(make(op_code::collective, id, b));
-            out.push_back(make(op_code::wait, id, arg_wait_all));
+                out.push_back(engine::pass_op(op_code::collective, id, b));
+            out.push_back(engine::pass_op(op_code::wait, id, arg_wait_all));
           }
           return true;
         },
@@ -132,19 +132,19 @@ public:
           if (o.code == op_code::backward && o.last() && d_.overlap)
             for (std::uint32_t b = 0; b < buckets_.size(); ++b)
               if (buckets_[b].ready_layer == o.layer) {
-                op c = make(op_code::collective, id, b);
+                op c = engine::pass_op(op_code::collective, id, b);
                 c.layer = o.layer;
                 c.micro_batch = o.micro_batch;
                 c.flags = o.flags;
                 out.push_back(c);
               }
           if (o.code == op_code::optimizer_step && d_.divergence_every > 0)
-            out.push_back(make(op_code::custom, id, arg_divergence));
+            out.push_back(engine::pass_op(op_code::custom, id, arg_divergence));
         });
   }
 
   void rewrite_eval(engine::program& p, std::uint16_t id) override {
-    p.ops.push_back(make(engine::op_code::collective, id, arg_loss));
+    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, arg_loss));
   }
 
   void run(engine::op const& o, engine::state<T>& s) override {
@@ -194,14 +194,6 @@ public:
   }
 
 private:
-  static engine::op make(engine::op_code c, std::uint16_t id, std::uint32_t arg) {
-    engine::op o{};
-    o.code = c;
-    o.owner = id;
-    o.arg = arg;
-    return o;
-  }
-
   // Every replica must hold the same parameters: same count of tensors, elements and the
   // same names and shapes (a hash of them).
   void check_layout(engine::state<T> const& s) {

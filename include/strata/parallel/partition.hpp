@@ -61,33 +61,25 @@ inline std::vector<std::size_t> partition(std::span<std::size_t const> cost, std
     }
     return first;
   }
-  // By parameters: the smallest bound B such that a greedy fill (each stage takes layers while
-  // its cost stays <= B and enough layers remain for the stages after it) uses <= stages.
+  // By parameters: the smallest bound B such that a greedy fill fits in `stages` stages. Each
+  // stage takes layers while its cost stays <= B, but always at least one and never so many
+  // that a later stage would be left without a layer; a single layer never exceeds B, since B
+  // starts at the largest layer's cost.
   auto fill = [&](std::size_t bound, std::vector<std::size_t>* out) {
     std::size_t s = 0, at = 0;
-    while (at < n) {
+    for (; at < n; ++s) {
       if (s == stages)
         return false;
       if (out)
         (*out)[s] = at;
-      std::size_t sum = 0, took = 0;
-      while (at < n && n - at > stages - s - 1 && (took == 0 || sum + cost[at] <= bound)) {
+      std::size_t sum = cost[at++];
+      while (at < n && n - at > stages - s - 1 && sum + cost[at] <= bound)
         sum += cost[at++];
-        ++took;
-      }
-      if (sum > bound && took > 0 && took == 1 && cost[at - 1] > bound)
-        return false;
-      ++s;
     }
-    if (out)
-      for (std::size_t k = s; k < stages; ++k) // cannot happen: layers >= stages
-        (*out)[k] = n - 1;
     return s == stages;
   };
   std::size_t lo = *std::max_element(cost.begin(), cost.end());
   std::size_t hi = std::accumulate(cost.begin(), cost.end(), std::size_t{0});
-  // fill(bound) must also use exactly `stages` stages: with the "enough layers remain" rule it
-  // uses all of them whenever it succeeds.
   while (lo < hi) {
     std::size_t const mid = lo + (hi - lo) / 2;
     if (fill(mid, nullptr))
@@ -95,9 +87,7 @@ inline std::vector<std::size_t> partition(std::span<std::size_t const> cost, std
     else
       lo = mid + 1;
   }
-  if (!fill(lo, &first)) // even the total fails only if layers < stages (checked above)
-    throw config_error("strata: could not partition " + std::to_string(n) + " layers into " +
-                       std::to_string(stages) + " stages");
+  fill(lo, &first); // the total always fits: layers >= stages was checked above
   return first;
 }
 

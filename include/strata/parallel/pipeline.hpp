@@ -78,9 +78,8 @@ class pipeline_pass final : public engine::pass<T> {
 
 public:
   pipeline_pass(C& pp, plan_descriptor::pipeline_desc const& d, std::size_t micro_batches)
-      : pp_(&pp), d_(d), m_(static_cast<int>(micro_batches)) {
-    int const p = pp.size(), v = d.chunks;
-    table_ = make_schedule(kind_of(d), p, m_, v);
+      : pp_(&pp), d_(d) {
+    table_ = make_schedule(kind_of(d), pp.size(), static_cast<int>(micro_batches), d.chunks);
     scratch_.reserve(8);
   }
 
@@ -116,22 +115,16 @@ public:
     };
   }
 
+  // The table's transfers, then the loss summed over the stages at the very end (after the
+  // optimizer step and any data-parallel averaging).
   void rewrite(engine::program& p, std::uint16_t id) override {
     insert_groups(p, id, table_, train_groups_);
-    engine::op o{};
-    o.code = engine::op_code::collective;
-    o.owner = id;
-    o.arg = arg_loss;
-    p.ops.push_back(o); // after the optimizer step (and any data-parallel averaging)
+    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, arg_loss));
   }
 
   void rewrite_eval(engine::program& p, std::uint16_t id) override {
     insert_groups(p, id, eval_table_, eval_groups_);
-    engine::op o{};
-    o.code = engine::op_code::collective;
-    o.owner = id;
-    o.arg = arg_loss;
-    p.ops.push_back(o);
+    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, arg_loss));
   }
 
   void run(engine::op const& o, engine::state<T>& s) override {
@@ -203,10 +196,7 @@ private:
     groups.push_back(convert(row.final_group));
     std::size_t next = 0; // the action whose first operation comes next
     auto group_op = [&](std::size_t k, op const* at) {
-      op g{};
-      g.code = op_code::send;
-      g.owner = id;
-      g.arg = static_cast<std::uint32_t>(k);
+      op g = engine::pass_op(op_code::send, id, static_cast<std::uint32_t>(k));
       if (at) {
         g.chunk = at->chunk;
         g.micro_batch = at->micro_batch;
@@ -243,7 +233,6 @@ private:
 
   C* pp_;
   plan_descriptor::pipeline_desc d_;
-  int m_;
   schedule_table table_, eval_table_;
   std::vector<transfer_group> train_groups_, eval_groups_;
   std::vector<comm::p2p> scratch_;

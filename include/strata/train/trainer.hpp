@@ -40,7 +40,7 @@ struct trainer_options {
   bool grad_norm = false;        ///< compute the global gradient norm even without clipping
   std::uint64_t seed = 0;        ///< parameter initialisation and dropout
   std::size_t micro_batches = 0; ///< 0: the plan's (1 unless it names micro_batches<M>)
-  std::string label = "rank 0";  ///< the memory ledger's name
+  std::string label{};           ///< the memory ledger's name; empty: "rank <world rank>"
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
@@ -75,10 +75,11 @@ public:
   /// One rank, no communicator: the reference every plan is checked against. A plan with a
   /// strategy needs the mesh constructor.
   trainer(Model const& model, engine::optimizer_factory<T> optimizer, trainer_options options)
-      : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(options_.label)) {
-    static_assert(!Plan::descriptor().data_parallel.enabled,
-                  "strata: a plan with data_parallel needs a mesh: construct the trainer with "
-                  "trainer(mesh, model, optimizer, options)");
+      : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(
+                                          options_.label.empty() ? "rank 0" : options_.label)) {
+    static_assert(!Plan::descriptor().data_parallel.enabled && !Plan::descriptor().pipeline.enabled,
+                  "strata: a plan with data_parallel or pipeline_parallel needs a mesh: "
+                  "construct the trainer with trainer(mesh, model, optimizer, options)");
     init(model, std::move(optimizer));
   }
 
@@ -89,7 +90,7 @@ public:
   trainer(comm::mesh<C>& mesh, Model const& model, engine::optimizer_factory<T> optimizer,
           trainer_options options)
       : options_(std::move(options)),
-        ledger_(std::make_unique<memory_ledger>(options_.label == "rank 0"
+        ledger_(std::make_unique<memory_ledger>(options_.label.empty()
                                                     ? "rank " + std::to_string(mesh.world().rank())
                                                     : options_.label)) {
     constexpr plan_descriptor d = Plan::descriptor();
