@@ -3,6 +3,8 @@
 // the MPI backend beside raw MPI calls in the same run.
 #include <strata/comm/local.hpp>
 #if STRATA_BENCH_MPI
+#include "../support/launcher.hpp"
+
 #include <strata/comm/mpi.hpp>
 #endif
 
@@ -266,52 +268,20 @@ void register_mpi_benchmarks() {
     }
 }
 
-class null_reporter : public benchmark::BenchmarkReporter {
-public:
-  bool ReportContext(Context const&) override { return true; }
-  void ReportRuns(std::vector<Run> const&) override {}
-};
-
-/// Whether a launcher (mpirun, srun) started this process: only then is MPI started, since an
-/// Open MPI singleton keeps a thread busy that would slow the local benchmarks down.
-bool under_launcher() {
-  for (char const* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"})
-    if (std::getenv(v))
-      return true;
-  return false;
-}
-
-int run_benchmarks(int argc, char** argv, int rank) {
-  benchmark::Initialize(&argc, argv);
-  if (rank == 0) {
-    benchmark::RunSpecifiedBenchmarks();
-  } else {
-    null_reporter quiet;
-    benchmark::RunSpecifiedBenchmarks(&quiet);
-  }
-  benchmark::Shutdown();
-  return 0;
-}
-
 } // namespace
 
 // Under mpirun: only the MPI benchmarks (mpi/...), reported by rank 0. Otherwise: the local
 // backend's, without starting MPI.
+using strata::bench::run_benchmarks;
+using strata::bench::under_launcher;
+
 int main(int argc, char** argv) {
   if (!under_launcher())
     return run_benchmarks(argc, argv, 0);
   sc::mpi::environment env(argc, argv);
   mpi_env = &env;
   register_mpi_benchmarks();
-  std::vector<char*> args(argv, argv + argc);
-  std::string filter = "--benchmark_filter=^mpi/";
-  bool has_filter = false;
-  for (char* a : args)
-    has_filter = has_filter || std::string(a).rfind("--benchmark_filter", 0) == 0;
-  if (!has_filter)
-    args.push_back(filter.data());
-  args.push_back(nullptr);
-  return run_benchmarks(static_cast<int>(args.size()) - 1, args.data(), env.rank());
+  return run_benchmarks(argc, argv, env.rank(), "--benchmark_filter=^mpi/");
 }
 #else
 BENCHMARK_MAIN();
