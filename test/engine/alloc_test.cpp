@@ -91,3 +91,36 @@ TEST_CASE("a data-parallel step allocates nothing from the third step on", "[eng
   });
   CHECK(after.load() == before.load());
 }
+
+TEST_CASE("a pipeline step allocates nothing from the third step on", "[engine][alloc]") {
+  std::uint64_t const seed = st::test::seed();
+  st::models::gpt_model<float> gpt{
+      {.vocab = 40, .seq = 8, .features = 32, .heads = 4, .layers = 4}};
+  std::atomic<long> before{0}, after{0};
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.pp = 2});
+    using plan = st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>>>;
+    st::trainer<decltype(gpt), plan> t(
+        mesh, gpt, st::engine::use<st::optim::adamw<float>>(),
+        {.lr = [](std::int64_t) { return 1e-3; }, .clip = 1.0, .seed = seed});
+    std::vector<std::int32_t> tokens(4 * 8), targets(4 * 8);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 40);
+      targets[i] = static_cast<std::int32_t>(st::test::mix(seed + 1, i) % 40);
+    }
+    st::engine::batch_view<float> b{4, 8, tokens, {}, targets};
+    t.step(b);
+    t.step(b);
+    world.barrier();
+    if (world.rank() == 0)
+      before = allocations.load();
+    world.barrier();
+    for (int k = 0; k < 3; ++k)
+      t.step(b);
+    world.barrier();
+    if (world.rank() == 0)
+      after = allocations.load();
+    world.barrier();
+  });
+  CHECK(after.load() == before.load());
+}
