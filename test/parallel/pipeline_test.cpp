@@ -110,8 +110,14 @@ TEST_CASE("pipelines compose with data parallel (dp 2 x pp 2) and run in f32",
   auto const g32 = gpt8<float>();
   st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(
       2, g32, {.sequences = 4, .seq = 8}, {.pp = 2}));
+  // SGD, not AdamW, in f32 on 8 layers: Adam divides each gradient by its own running
+  // magnitude, so an element whose gradient is near zero turns its rounding differences
+  // (other summation orders over ranks and micro-batches) into full-size steps; over 150
+  // seeds 2% of AdamW runs here ended 1-8x over the parameter tolerance. AdamW is checked in
+  // f64 on this model and in f32 on the shallower ones.
   st::test::require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
-      4, g32, {.sequences = 8, .seq = 8}, {.dp = 2, .pp = 2}));
+      4, g32, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2},
+      {.dp = 2, .pp = 2}));
 }
 
 TEST_CASE("the executed trace follows the table on every rank; each rank holds its stage only",
