@@ -61,6 +61,7 @@
 #include <strata/engine/trace.hpp>
 
 #include <strata/parallel/plan.hpp>
+#include <strata/parallel/sharded.hpp>
 
 #include <strata/train/trainer.hpp>
 

@@ -177,14 +177,18 @@ gathered<T> gather(Trainer& tr, C& world, std::vector<std::string> const& names,
     g.hi.emplace_back(sizes[i], -std::numeric_limits<T>::infinity());
     g.lo.emplace_back(sizes[i], std::numeric_limits<T>::infinity());
   }
-  tr.for_each_parameter([&](auto& p) {
+  // What this rank holds: whole tensors, or slices of them under a sharded plan.
+  auto put = [&](auto& p, std::size_t first, std::span<T const> s) {
     auto it = index.find(p.name());
     if (it == index.end())
       throw check_failed("the plan holds a tensor \"" + p.name() + "\" that one rank does not");
-    auto s = grads ? p.grads() : p.values();
-    std::copy(s.begin(), s.end(), g.hi[it->second].begin());
-    std::copy(s.begin(), s.end(), g.lo[it->second].begin());
-  });
+    std::copy(s.begin(), s.end(), g.hi[it->second].begin() + static_cast<std::ptrdiff_t>(first));
+    std::copy(s.begin(), s.end(), g.lo[it->second].begin() + static_cast<std::ptrdiff_t>(first));
+  };
+  if (grads)
+    tr.for_each_grad_piece(put);
+  else
+    tr.for_each_value_piece(put);
   for (std::size_t i = 0; i < names.size(); ++i) {
     world.all_reduce(std::span<T>(g.hi[i]), comm::reduce_op::max);
     world.all_reduce(std::span<T>(g.lo[i]), comm::reduce_op::min);

@@ -16,11 +16,14 @@ namespace strata::engine {
 /// recompute) as the engine sees it. The trainer calls, in this order and in the library's
 /// fold order of passes:
 ///   configure(state)      after the layers are built, before the flat buffers are laid out:
-///                         ask for padding (state.pad_multiple), choose what this rank
-///                         updates and counts in the norm;
-///   setup(state)          after the parameters are bound and initialised: broadcast them,
-///                         build buckets or shards, allocate communication buffers — every
-///                         allocation of the pass happens here, none per step;
+///                         cut them into segments (state.segment_of_layer, segment_align),
+///                         say which full buffers the engine allocates (hold_values,
+///                         hold_grads), chain reduce_norm_sq;
+///   setup(state)          after the parameters are bound and initialised, before the
+///                         optimizer is made for state.owned: broadcast them, build buckets or
+///                         shards, choose what this rank updates (owned) and reports (pieces),
+///                         allocate communication buffers — the pass allocates here (and, for
+///                         what a program needs, in rewrite), never per step;
 ///   rewrite(program, id)  insert this pass's operations (owner = id) into the training
 ///                         program; rewrite_eval the forward-only program;
 ///   run(op, state)        execute one operation this pass inserted, each step (a pass

@@ -37,6 +37,39 @@ struct parameter_entry {
   std::size_t offset = 0; // first element in the flat buffers
 };
 
+/// A contiguous run of the flat buffers holding whole layers, padded to a multiple of the
+/// state's segment_align: a data-parallel bucket, a ZeRO shard group, an FSDP unit.
+struct segment {
+  std::size_t begin = 0;         // first flat element
+  std::size_t size = 0;          // elements, padding included (a multiple of segment_align)
+  std::size_t used = 0;          // elements of parameters (the rest is padding)
+  std::uint32_t first_layer = 0; // its lowest layer (its backward finishes last)
+  std::uint32_t last_layer = 0;  // its highest layer (its backward starts first)
+  std::size_t params_begin = 0, params_end = 0; // its entries in state::params
+};
+
+/// Elements a rank updates and counts in the gradient norm: values and gradients side by
+/// side, and where they start in the optimizer's state.
+template <class T>
+struct owned_range {
+  T* values = nullptr;
+  T* grads = nullptr;
+  std::size_t count = 0;
+  std::size_t state_offset = 0; // first element of the optimizer state it uses
+  bool in_norm = true;          // counted in the global gradient norm on this rank
+};
+
+/// Elements [first, first + count) of parameter `param` (an index into state::params), held
+/// by this rank at `data`: what a rank reports of its parameters or gradients when it holds
+/// slices of them (ZeRO) rather than whole tensors.
+template <class T>
+struct piece {
+  std::uint32_t param = 0;
+  std::size_t first = 0;
+  std::size_t count = 0;
+  T const* data = nullptr;
+};
+
 /// One rank's engine state. Passes read and change it through the members below; the
 /// engine's own operations (forward, loss, backward, zero_grad, clip, optimizer_step) are its
 /// member functions.
@@ -62,19 +95,28 @@ public:
   // ---- parameters ------------------------------------------------------------------------
   std::vector<parameter_entry<T>> params;                       // flat order
   std::vector<std::pair<std::size_t, std::size_t>> layer_range; // flat [begin, end) by layer
-  buffer<T> values, grads;
-  std::size_t flat_size = 0;    // elements of the parameters (without padding)
-  std::size_t pad_multiple = 1; // a pass may ask the flat size to be a multiple of this
-  std::size_t tail = 0;         // extra elements a pass keeps after the parameters
+  buffer<T> values, grads;    // the flat buffers (empty when a pass holds them sharded)
+  std::size_t flat_size = 0;  // flat elements: parameters, padding and tail
+  std::size_t tail = 0;       // extra elements a pass keeps after the parameters
+  std::size_t tail_begin = 0; // where they start (the end of the last parameter)
+  // Set by a pass in configure: which segment each layer's parameters join (by layer, -1 or
+  // absent: none; empty: one segment of everything), the multiple each segment is padded to,
+  // and whether lay_out allocates the full value and gradient buffers.
+  std::vector<std::int32_t> segment_of_layer;
+  std::size_t segment_align = 1;
+  bool hold_values = true, hold_grads = true;
+  std::vector<segment> segments; // in flat order
 
   // ---- optimizer -------------------------------------------------------------------------
   std::unique_ptr<optimizer_slot<T>> optimizer;
-  std::size_t optim_begin = 0, optim_end = 0; // flat elements this rank updates
-  std::size_t norm_begin = 0, norm_end = 0;   // flat elements this rank counts in the norm
-  std::function<double(std::int64_t)> lr;     // learning rate of step k (from 1)
-  double clip = 0;                            // max gradient norm; 0: no clipping
-  bool want_norm = false;                     // compute the norm even without clipping
-  std::int64_t step = 0;                      // the step being run (from 1)
+  std::vector<owned_range<T>> owned; // what this rank updates (lay_out: everything)
+  // What this rank holds of the parameters' values and gradients, for reports and checks
+  // (lay_out: every parameter whole; a sharding pass replaces them with its slices).
+  std::vector<piece<T>> value_pieces, grad_pieces;
+  std::function<double(std::int64_t)> lr; // learning rate of step k (from 1)
+  double clip = 0;                        // max gradient norm; 0: no clipping
+  bool want_norm = false;                 // compute the norm even without clipping
+  std::int64_t step = 0;                  // the step being run (from 1)
   std::uint64_t seed = 0;
 
   // ---- one step's values -----------------------------------------------------------------
@@ -127,34 +169,103 @@ public:
                          layers.back().name + "\" gives " + std::to_string(layers.back().out));
   }
 
-  /// Lays the owned parameters out in backward order, allocates the flat buffers (padded to
-  /// pad_multiple) and binds every parameter to its views.
+  /// Lays the owned parameters out in backward order, in segments (each padded to
+  /// segment_align), allocates the flat buffers a pass did not take over and binds every
+  /// parameter to its views; owned and pieces then cover everything.
   void lay_out(memory_ledger& ledger) {
     params.clear();
+    segments.clear();
     layer_range.assign(layers.size(), {0, 0});
+    auto round_up = [this](std::size_t x) {
+      return (x + segment_align - 1) / segment_align * segment_align;
+    };
     std::size_t offset = 0;
+    std::int32_t open = -2; // the segment being filled (-2: none yet)
+    auto close = [&](std::size_t extra) {
+      segment& g = segments.back();
+      g.used = offset - g.begin;
+      offset = g.begin + round_up(g.used + extra);
+      g.size = offset - g.begin;
+      g.params_end = params.size();
+    };
     for (std::size_t l = layers.size(); l-- > 0;) {
       if (!nodes[l])
         continue;
-      std::size_t const begin = offset;
       std::vector<nn::parameter<T>*> own;
       nodes[l]->for_each_parameter([&](nn::parameter<T>& p) { own.push_back(&p); });
+      std::int32_t const id = segment_of_layer.empty()      ? 0
+                              : l < segment_of_layer.size() ? segment_of_layer[l]
+                                                            : -1;
+      if (!own.empty() && id != open) {
+        if (open != -2)
+          close(0);
+        segments.push_back({offset, 0, 0, static_cast<std::uint32_t>(l),
+                            static_cast<std::uint32_t>(l), params.size(), params.size()});
+        open = id;
+      }
+      std::size_t const begin = offset;
       for (std::size_t i = own.size(); i-- > 0;) { // the reverse of registration order
         params.push_back({own[i], static_cast<std::uint32_t>(l), offset});
         offset += own[i]->size();
       }
       layer_range[l] = {begin, offset};
+      if (!own.empty())
+        segments.back().first_layer = static_cast<std::uint32_t>(l);
     }
+    if (segments.empty())
+      segments.push_back({0, 0, 0, 0, 0, 0, 0});
+    tail_begin = offset;
+    close(tail);
     flat_size = offset;
-    std::size_t const padded = (offset + tail + pad_multiple - 1) / pad_multiple * pad_multiple;
-    values = buffer<T>(padded, memory_kind::parameters, ledger);
-    grads = buffer<T>(padded, memory_kind::gradients, ledger);
-    std::memset(static_cast<void*>(values.data()), 0, padded * sizeof(T));
-    std::memset(static_cast<void*>(grads.data()), 0, padded * sizeof(T));
+    if (hold_values) {
+      values = buffer<T>(flat_size, memory_kind::parameters, ledger);
+      std::memset(static_cast<void*>(values.data()), 0, flat_size * sizeof(T));
+    }
+    if (hold_grads) {
+      grads = buffer<T>(flat_size, memory_kind::gradients, ledger);
+      std::memset(static_cast<void*>(grads.data()), 0, flat_size * sizeof(T));
+    }
     for (auto& e : params)
-      e.p->bind(values.data() + e.offset, grads.data() + e.offset);
-    optim_begin = norm_begin = 0;
-    optim_end = norm_end = flat_size;
+      e.p->bind(hold_values ? values.data() + e.offset : nullptr,
+                hold_grads ? grads.data() + e.offset : nullptr);
+    owned.clear();
+    value_pieces.clear();
+    grad_pieces.clear();
+    if (hold_values && hold_grads)
+      owned.push_back({values.data(), grads.data(), tail_begin, 0, true});
+    if (hold_values)
+      add_pieces(value_pieces, 0, flat_size, values.data());
+    if (hold_grads)
+      add_pieces(grad_pieces, 0, flat_size, grads.data());
+  }
+
+  /// Appends the pieces of the parameters that flat elements [begin, begin + count) hold,
+  /// element begin being at data[0].
+  void add_pieces(std::vector<piece<T>>& out, std::size_t begin, std::size_t count,
+                  T const* data) const {
+    std::size_t const end = begin + count;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      std::size_t const b = params[i].offset, e = b + params[i].p->size();
+      std::size_t const lo = std::max(b, begin), hi = std::min(e, end);
+      if (lo < hi)
+        out.push_back({static_cast<std::uint32_t>(i), lo - b, hi - lo, data + (lo - begin)});
+    }
+  }
+
+  /// Elements of the parameters this rank builds (whole tensors, however they are held).
+  std::size_t parameter_elements() const noexcept {
+    std::size_t n = 0;
+    for (auto const& e : params)
+      n += e.p->size();
+    return n;
+  }
+
+  /// Elements the optimizer of this rank updates (the sum of the owned ranges).
+  std::size_t owned_size() const noexcept {
+    std::size_t n = 0;
+    for (auto const& r : owned)
+      n += r.count;
+    return n;
   }
 
   /// Allocates the activation slots a program needs (buffers grow on first use).
@@ -180,8 +291,6 @@ public:
           loss_saved(s);
     }
   }
-
-  std::size_t flat_padded() const noexcept { return values.size(); }
 
   // ---- per step --------------------------------------------------------------------------
 
@@ -301,8 +410,10 @@ public:
   void run_clip() {
     if (clip <= 0 && !want_norm)
       return;
-    double sq =
-        optim::sum_of_squares(std::span<T const>(grads.data() + norm_begin, norm_end - norm_begin));
+    double sq = 0;
+    for (auto const& r : owned)
+      if (r.in_norm)
+        sq += optim::sum_of_squares(std::span<T const>(r.grads, r.count));
     if (reduce_norm_sq)
       reduce_norm_sq(sq);
     if (!std::isfinite(sq)) {
@@ -324,14 +435,16 @@ public:
   }
 
   void run_optimizer_step() {
-    if (skip_step || optim_end <= optim_begin)
+    if (skip_step)
       return;
     optim::step_context c;
     c.lr = lr ? lr(step) : 0.0;
     c.step = step;
     c.grad_scale = grad_scale;
-    optimizer->step(std::span<T>(values.data() + optim_begin, optim_end - optim_begin),
-                    std::span<T const>(grads.data() + optim_begin, optim_end - optim_begin), c, 0);
+    for (auto const& r : owned)
+      if (r.count)
+        optimizer->step(std::span<T>(r.values, r.count), std::span<T const>(r.grads, r.count), c,
+                        r.state_offset);
   }
 
   /// The loss node's saved state of a slot (one per slot of the last chunk).

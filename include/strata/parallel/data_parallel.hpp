@@ -81,6 +81,41 @@ inline std::uint64_t fnv1a(void const* data, std::size_t n,
   return h;
 }
 
+/// Every rank of a data-parallel group must hold the same parameters: the same count of
+/// tensors and elements, the same names and shapes (a hash of them). Throws config_error
+/// naming the ranks that differ.
+template <class T, comm::communicator C>
+void check_replicas(C& dp, engine::state<T> const& s, std::string_view who) {
+  if (dp.size() == 1)
+    return;
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (auto const& e : s.params) {
+    h = fnv1a(e.p->name().data(), e.p->name().size(), h);
+    for (std::size_t d : e.p->shape())
+      h = fnv1a(&d, sizeof d, h);
+  }
+  std::size_t elements = 0;
+  for (auto const& e : s.params)
+    elements += e.p->size();
+  std::int64_t mine[3] = {static_cast<std::int64_t>(s.params.size()),
+                          static_cast<std::int64_t>(elements), static_cast<std::int64_t>(h)};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(dp.size()));
+  dp.all_gather(std::span<std::int64_t const>(mine, 3), std::span<std::int64_t>(all));
+  std::string diff;
+  for (int r = 1; r < dp.size(); ++r) {
+    auto const* o = all.data() + 3 * r;
+    if (o[0] != all[0] || o[1] != all[1] || o[2] != all[2])
+      diff += " dp rank " + std::to_string(r) + " holds " + std::to_string(o[1]) + " elements in " +
+              std::to_string(o[0]) + " tensors" +
+              (o[0] == all[0] && o[1] == all[1] ? " (other names or shapes)" : "") + ";";
+  }
+  if (!diff.empty())
+    throw config_error("strata: " + std::string(who) +
+                       ": the replicas hold different models: dp rank 0 holds " +
+                       std::to_string(all[1]) + " parameter elements in " + std::to_string(all[0]) +
+                       " tensors;" + diff + " every dp rank must build the same model");
+}
+
 } // namespace detail
 
 /// The data-parallel pass over communicator C (the mesh's dp group).
@@ -107,12 +142,12 @@ public:
   void configure(engine::state<T>& s) override { s.tail = std::max<std::size_t>(s.tail, 1); }
 
   void setup(engine::state<T>& s) override {
-    check_layout(s);
+    detail::check_replicas(*dp_, s, "data_parallel");
     if (dp_->size() > 1)
-      dp_->broadcast(std::span<T>(s.values.data(), s.flat_size), 0);
+      dp_->broadcast(std::span<T>(s.values.data(), s.tail_begin), 0);
     buckets_ = make_buckets(s, d_.first_bucket_bytes, d_.bucket_bytes, 1);
     requests_.assign(buckets_.size(), std::nullopt);
-    loss_slot_ = s.flat_size;
+    loss_slot_ = s.tail_begin;
   }
 
   void rewrite(engine::program& p, std::uint16_t id) override {
@@ -194,40 +229,9 @@ public:
   }
 
 private:
-  // Every replica must hold the same parameters: same count of tensors, elements and the
-  // same names and shapes (a hash of them).
-  void check_layout(engine::state<T> const& s) {
-    if (dp_->size() == 1)
-      return;
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    for (auto const& e : s.params) {
-      h = detail::fnv1a(e.p->name().data(), e.p->name().size(), h);
-      for (std::size_t d : e.p->shape())
-        h = detail::fnv1a(&d, sizeof d, h);
-    }
-    std::int64_t mine[3] = {static_cast<std::int64_t>(s.params.size()),
-                            static_cast<std::int64_t>(s.flat_size), static_cast<std::int64_t>(h)};
-    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(dp_->size()));
-    dp_->all_gather(std::span<std::int64_t const>(mine, 3), std::span<std::int64_t>(all));
-    std::string diff;
-    for (int r = 1; r < dp_->size(); ++r) {
-      auto const* o = all.data() + 3 * r;
-      if (o[0] != all[0] || o[1] != all[1] || o[2] != all[2])
-        diff += " dp rank " + std::to_string(r) + " holds " + std::to_string(o[1]) +
-                " elements in " + std::to_string(o[0]) + " tensors" +
-                (o[0] == all[0] && o[1] == all[1] ? " (other names or shapes)" : "") + ";";
-    }
-    if (!diff.empty())
-      throw config_error("strata: data_parallel: the replicas hold different models: dp rank 0 "
-                         "holds " +
-                         std::to_string(all[1]) + " parameter elements in " +
-                         std::to_string(all[0]) + " tensors;" + diff +
-                         " every dp rank must build the same model");
-  }
-
   void check_divergence(engine::state<T> const& s) {
     std::int64_t const mine =
-        static_cast<std::int64_t>(detail::fnv1a(s.values.data(), s.flat_size * sizeof(T)));
+        static_cast<std::int64_t>(detail::fnv1a(s.values.data(), s.tail_begin * sizeof(T)));
     hashes_.resize(static_cast<std::size_t>(dp_->size()));
     dp_->all_gather(std::span<std::int64_t const>(&mine, 1), std::span<std::int64_t>(hashes_));
     std::string bad;

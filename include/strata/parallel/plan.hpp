@@ -63,6 +63,39 @@ struct stages {
   static constexpr int value = P;
 };
 
+/// Sharded data parallel: ZeRO stage S (1: optimizer state sharded over the dp axis; 2:
+/// gradients too; 3: parameters too, FSDP's full shard).
+template <int S>
+struct zero {
+  static_assert(S >= 1 && S <= 3, "strata: zero<S> needs S = 1 (optimizer state), 2 (and "
+                                  "gradients) or 3 (and parameters: FSDP)");
+  static constexpr int value = S;
+};
+
+/// ZeRO-3: K consecutive layers (of those with parameters) form one unit, the grain that is
+/// gathered before use and freed after it (FSDP's wrap policy; default 1: each layer, which
+/// is a transformer block in models::gpt_model).
+template <std::size_t K>
+struct unit_layers {
+  static_assert(K >= 1, "strata: unit_layers<K> needs K >= 1");
+  static constexpr std::size_t value = K;
+};
+
+/// ZeRO-3: how many units ahead, in execution order, are gathered while one is in use
+/// (FSDP's forward/backward prefetch; default 1; 0: gather each unit when it is needed).
+template <std::size_t N>
+struct prefetch {
+  static constexpr std::size_t value = N;
+};
+
+/// ZeRO-3: whether a unit's gathered parameters are freed after its forward (true, the
+/// default) or kept until its backward (false: FSDP's reshard_after_forward=False, one
+/// gather per unit and micro-batch fewer for the whole model held through the forward).
+template <bool B>
+struct reshard_after_forward {
+  static constexpr bool value = B;
+};
+
 /// The plan as values: what the trainer builds the step program from.
 struct plan_descriptor {
   std::size_t micro_batches = 1;
@@ -82,6 +115,15 @@ struct plan_descriptor {
     std::size_t boundaries[64] = {}; // explicit: first layer of each stage
     std::size_t boundary_count = 0;
   } pipeline{};
+  struct sharded_desc {
+    bool enabled = false;
+    int stage = 0;
+    std::size_t bucket_bytes = std::size_t{25} << 20;
+    std::size_t first_bucket_bytes = std::size_t{1} << 20;
+    std::size_t unit_layers = 1;
+    std::size_t prefetch = 1;
+    bool reshard_after_forward = true;
+  } sharded{};
 };
 
 namespace detail {
@@ -158,6 +200,79 @@ struct data_parallel {
     d.data_parallel.divergence_every =
         detail::value_of<detail::is_divergence, std::size_t{0}, Options...>::value;
     d.data_parallel.overlap = detail::value_of<detail::is_overlap, true, Options...>::value;
+    if constexpr (names_micro_batches)
+      d.micro_batches =
+          detail::value_of<detail::is_micro_batches, std::size_t{1}, Options...>::value;
+  }
+};
+
+namespace detail {
+template <class T>
+struct is_zero : std::false_type {};
+template <int S>
+struct is_zero<zero<S>> : std::true_type {};
+template <class T>
+struct is_unit_layers : std::false_type {};
+template <std::size_t K>
+struct is_unit_layers<unit_layers<K>> : std::true_type {};
+template <class T>
+struct is_prefetch : std::false_type {};
+template <std::size_t N>
+struct is_prefetch<prefetch<N>> : std::true_type {};
+template <class T>
+struct is_reshard : std::false_type {};
+template <bool B>
+struct is_reshard<reshard_after_forward<B>> : std::true_type {};
+} // namespace detail
+
+/// Sharded data parallel (ZeRO, FSDP) over the mesh's dp axis: each rank holds a slice of
+/// the optimizer state (zero<1>), and of the gradients (zero<2>), and of the parameters
+/// (zero<3>), and a slice of the batch. Options, in any order, each at most once: zero<S>
+/// (required); for stages 1 and 2 bucket_mib<N> (25: the reduce-scatter buckets); for stage
+/// 3 unit_layers<K> (1), prefetch<N> (1), reshard_after_forward<B> (true); micro_batches<M>.
+template <class... Options>
+struct sharded {
+  static_assert(((detail::is_zero<Options>::value || detail::is_bucket_mib<Options>::value ||
+                  detail::is_micro_batches<Options>::value ||
+                  detail::is_unit_layers<Options>::value || detail::is_prefetch<Options>::value ||
+                  detail::is_reshard<Options>::value) &&
+                 ...),
+                "strata: sharded<...> got an option it does not know: its options are zero<S>, "
+                "bucket_mib<N>, micro_batches<M>, unit_layers<K>, prefetch<N>, "
+                "reshard_after_forward<B>");
+  static_assert(detail::count_v<detail::is_zero, Options...> == 1,
+                "strata: sharded<...> needs exactly one zero<S>: zero<1>, zero<2> or zero<3>");
+  static_assert(detail::count_v<detail::is_bucket_mib, Options...> <= 1 &&
+                    detail::count_v<detail::is_micro_batches, Options...> <= 1 &&
+                    detail::count_v<detail::is_unit_layers, Options...> <= 1 &&
+                    detail::count_v<detail::is_prefetch, Options...> <= 1 &&
+                    detail::count_v<detail::is_reshard, Options...> <= 1,
+                "strata: sharded<...> names an option twice: give each once");
+  static constexpr int stage = detail::value_of<detail::is_zero, 0, Options...>::value;
+  static_assert(stage == 3 || (detail::count_v<detail::is_unit_layers, Options...> == 0 &&
+                               detail::count_v<detail::is_prefetch, Options...> == 0 &&
+                               detail::count_v<detail::is_reshard, Options...> == 0),
+                "strata: unit_layers<K>, prefetch<N> and reshard_after_forward<B> are zero<3> "
+                "options (parameters gathered per unit); stages 1 and 2 hold whole parameters "
+                "and reduce gradients in buckets: use bucket_mib<N>, or zero<3>");
+  static_assert(stage != 3 || detail::count_v<detail::is_bucket_mib, Options...> == 0,
+                "strata: zero<3> reduces gradients per unit, not in buckets: drop bucket_mib<N> "
+                "and size the units with unit_layers<K>");
+
+  static constexpr bool names_micro_batches =
+      detail::count_v<detail::is_micro_batches, Options...> == 1;
+
+  static constexpr void lower(plan_descriptor& d) noexcept {
+    auto& s = d.sharded;
+    s.enabled = true;
+    s.stage = stage;
+    s.bucket_bytes = detail::value_of<detail::is_bucket_mib, std::size_t{25}, Options...>::value
+                     << 20;
+    s.first_bucket_bytes =
+        s.bucket_bytes < (std::size_t{1} << 20) ? s.bucket_bytes : (std::size_t{1} << 20);
+    s.unit_layers = detail::value_of<detail::is_unit_layers, std::size_t{1}, Options...>::value;
+    s.prefetch = detail::value_of<detail::is_prefetch, std::size_t{1}, Options...>::value;
+    s.reshard_after_forward = detail::value_of<detail::is_reshard, true, Options...>::value;
     if constexpr (names_micro_batches)
       d.micro_batches =
           detail::value_of<detail::is_micro_batches, std::size_t{1}, Options...>::value;
@@ -276,14 +391,20 @@ template <class... Os>
 struct is_pipeline_parallel<pipeline_parallel<Os...>> : std::true_type {};
 
 template <class T>
-inline constexpr bool is_plan_option_v =
-    is_micro_batches<T>::value || is_data_parallel<T>::value || is_pipeline_parallel<T>::value;
+struct is_sharded : std::false_type {};
+template <class... Os>
+struct is_sharded<sharded<Os...>> : std::true_type {};
+
+template <class T>
+inline constexpr bool is_plan_option_v = is_micro_batches<T>::value || is_data_parallel<T>::value ||
+                                         is_pipeline_parallel<T>::value || is_sharded<T>::value;
 
 template <class T>
 inline constexpr std::size_t micro_batch_mentions = [] {
   if constexpr (is_micro_batches<T>::value)
     return std::size_t{1};
-  else if constexpr (is_data_parallel<T>::value || is_pipeline_parallel<T>::value)
+  else if constexpr (is_data_parallel<T>::value || is_pipeline_parallel<T>::value ||
+                     is_sharded<T>::value)
     return T::names_micro_batches ? std::size_t{1} : std::size_t{0};
   else
     return std::size_t{0};
@@ -299,13 +420,19 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
 } // namespace detail
 
 /// The plan: options in any order, each at most once. plan<> trains on one rank.
-/// Options: data_parallel<...>, micro_batches<M> (gradient accumulation without a strategy,
-/// or beside one that does not name it).
+/// Options: data_parallel<...> or sharded<...>, pipeline_parallel<...>, micro_batches<M>
+/// (gradient accumulation without a strategy, or beside one that does not name it).
 template <class... Options>
 struct plan {
   static_assert((detail::is_plan_option_v<Options> && ...),
                 "strata: plan<...> got an option it does not know: the options are "
-                "data_parallel<...>, pipeline_parallel<...> and micro_batches<M>");
+                "data_parallel<...>, sharded<...>, pipeline_parallel<...> and micro_batches<M>");
+  static_assert(detail::count_v<detail::is_sharded, Options...> <= 1,
+                "strata: plan<...> names sharded twice: give it once");
+  static_assert(detail::count_v<detail::is_sharded, Options...> == 0 ||
+                    detail::count_v<detail::is_data_parallel, Options...> == 0,
+                "strata: plan<...> names both data_parallel and sharded: sharded<zero<S>> is "
+                "data parallel over the same dp axis (with sharded state): keep one of them");
   static_assert(detail::count_v<detail::is_pipeline_parallel, Options...> <= 1,
                 "strata: plan<...> names pipeline_parallel twice: give it once");
   static_assert(detail::count_v<detail::is_data_parallel, Options...> <= 1,

@@ -19,12 +19,14 @@
 #include <strata/parallel/partition.hpp>
 #include <strata/parallel/pipeline.hpp>
 #include <strata/parallel/plan.hpp>
+#include <strata/parallel/sharded.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -77,8 +79,9 @@ public:
   trainer(Model const& model, engine::optimizer_factory<T> optimizer, trainer_options options)
       : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(
                                           options_.label.empty() ? "rank 0" : options_.label)) {
-    static_assert(!Plan::descriptor().data_parallel.enabled && !Plan::descriptor().pipeline.enabled,
-                  "strata: a plan with data_parallel or pipeline_parallel needs a mesh: "
+    static_assert(!Plan::descriptor().data_parallel.enabled &&
+                      !Plan::descriptor().pipeline.enabled && !Plan::descriptor().sharded.enabled,
+                  "strata: a plan with data_parallel, sharded or pipeline_parallel needs a mesh: "
                   "construct the trainer with trainer(mesh, model, optimizer, options)");
     init(model, std::move(optimizer));
   }
@@ -101,8 +104,8 @@ public:
                            std::to_string(size) + " but the plan has no " + strategy +
                            ": add it to the plan, or build the mesh with " + name + " = 1");
     };
-    if (!d.data_parallel.enabled)
-      axis("dp", shape.dp, "data_parallel<...>");
+    if (!d.data_parallel.enabled && !d.sharded.enabled)
+      axis("dp", shape.dp, "data_parallel<...> or sharded<...>");
     axis("tp", shape.tp, "tensor_parallel (not built yet)");
     if (!d.pipeline.enabled)
       axis("pp", shape.pp, "pipeline_parallel<...>");
@@ -125,6 +128,8 @@ public:
     if constexpr (d.data_parallel.enabled)
       passes_.push_back(
           std::make_unique<parallel::data_parallel_pass<T, C>>(mesh.dp(), d.data_parallel));
+    if constexpr (d.sharded.enabled)
+      passes_.push_back(std::make_unique<parallel::sharded_pass<T, C>>(mesh.dp(), d.sharded));
     init(model, std::move(optimizer));
   }
 
@@ -201,6 +206,21 @@ public:
     for (auto& e : state_.params)
       f(*e.p);
   }
+  /// f(parameter&, first, values) for each piece of a parameter's values this rank holds:
+  /// whole tensors, or with sharded<zero<3>> its slices (elements [first, first +
+  /// values.size()) of the parameter). Every element of the model is held by some rank.
+  template <class F>
+  void for_each_value_piece(F&& f) {
+    for (auto const& pc : state_.value_pieces)
+      f(*state_.params[pc.param].p, pc.first, std::span<T const>(pc.data, pc.count));
+  }
+  /// The same for gradients: whole tensors, or with sharded<...> this rank's reduced slices
+  /// (after a step: the averaged gradient of that step, before clipping).
+  template <class F>
+  void for_each_grad_piece(F&& f) {
+    for (auto const& pc : state_.grad_pieces)
+      f(*state_.params[pc.param].p, pc.first, std::span<T const>(pc.data, pc.count));
+  }
   /// The parameter called name on this rank, or null.
   nn::parameter<T>* find_parameter(std::string const& name) {
     for (auto& e : state_.params)
@@ -212,11 +232,11 @@ public:
   std::int64_t steps() const noexcept { return state_.step; }
   /// The first layer of each pipeline stage (empty without a pipeline).
   std::vector<std::size_t> const& stage_boundaries() const noexcept { return stage_first_; }
-  /// The passes, in fold order (pipeline, data parallel).
+  /// The passes, in fold order (pipeline, then data parallel or sharded).
   std::vector<std::unique_ptr<engine::pass<T>>> const& passes() const noexcept { return passes_; }
   std::size_t micro_batches() const noexcept { return micro_batches_; }
   /// Elements of the model's parameters on this rank.
-  std::size_t parameter_count() const noexcept { return state_.flat_size; }
+  std::size_t parameter_count() const noexcept { return state_.parameter_elements(); }
   engine::state<T>& state() noexcept { return state_; }
   engine::program const& program() const noexcept { return program_; }
   engine::trace const& trace() const noexcept { return trace_; }
@@ -288,11 +308,11 @@ private:
     state_.lay_out(*ledger_);
     for (auto& e : state_.params)
       e.p->init(options_.seed);
-    state_.optimizer = optimizer(state_.optim_end - state_.optim_begin);
-    optimizer_bytes_ = state_.optimizer->state_bytes();
-    ledger_->record_allocate(memory_kind::optimizer_state, optimizer_bytes_);
     for (auto& p : passes_)
       p->setup(state_);
+    state_.optimizer = optimizer(state_.owned_size());
+    optimizer_bytes_ = state_.optimizer->state_bytes();
+    ledger_->record_allocate(memory_kind::optimizer_state, optimizer_bytes_);
     program_ = build(micro_batches_, true);
     state_.make_slots(program_);
     trace_.reset(program_.ops.size());

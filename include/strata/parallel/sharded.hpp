@@ -1,0 +1,609 @@
+// The sharded data-parallel pass (ZeRO stages 1, 2, 3; stage 3 is FSDP's full shard): what
+// data parallelism replicates — optimizer state, gradients, parameters — split over the dp
+// axis, each rank holding the r-th slice of every segment of the flat buffers.
+#pragma once
+
+#include <strata/comm/communicator.hpp>
+#include <strata/comm/reduce_op.hpp>
+#include <strata/core/buffer.hpp>
+#include <strata/core/element.hpp>
+#include <strata/core/error.hpp>
+#include <strata/core/memory.hpp>
+#include <strata/engine/op.hpp>
+#include <strata/engine/pass.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+#include <strata/nn/parameter.hpp>
+#include <strata/parallel/data_parallel.hpp>
+#include <strata/parallel/plan.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+/// Whether sharded passes fill what a rank does not own (gradient slices after their
+/// reduction, freed gathered parameters, spent staging buffers) with NaN, so a use of a stale
+/// shard shows up in the parity tests: on in debug builds and where the build defines it to 1
+/// (strata's tests do); off in release builds (it costs a pass over those buffers).
+#ifndef STRATA_POISON_UNOWNED
+#ifdef NDEBUG
+#define STRATA_POISON_UNOWNED 0
+#else
+#define STRATA_POISON_UNOWNED 1
+#endif
+#endif
+
+namespace strata::parallel {
+
+namespace detail {
+
+/// Which segment each layer's parameters join under a sharded plan, by layer (-1: none).
+/// Segments never cross a chunk (a pipeline stage's piece of the model on this rank): a
+/// chunk's backward for one micro-batch runs its layers back to back, so each segment's
+/// gradients are complete at one point of the program. Stage 3: unit_layers layers with
+/// parameters per segment (a unit); stages 1 and 2: layers join in backward order until the
+/// segment holds bucket_bytes (first_bucket_bytes for the first), as data parallel's buckets.
+template <class T>
+std::vector<std::int32_t> shard_segments(engine::state<T> const& s,
+                                         plan_descriptor::sharded_desc const& d) {
+  std::vector<std::int32_t> seg(s.layers.size(), -1);
+  auto chunk_of = [&](std::size_t l) {
+    for (std::size_t c = 0; c < s.chunks.size(); ++c)
+      if (l >= s.chunks[c].first && l <= s.chunks[c].last)
+        return static_cast<std::int64_t>(c);
+    return std::int64_t{-1};
+  };
+  std::int32_t id = -1;
+  std::int64_t chunk = -2;
+  std::size_t fill = 0;
+  bool open = false;
+  for (std::size_t l = s.layers.size(); l-- > 0;) {
+    if (!s.nodes[l] || s.layers[l].parameters == 0)
+      continue;
+    std::int64_t const c = chunk_of(l);
+    if (!open || c != chunk) {
+      ++id;
+      open = true;
+      fill = 0;
+      chunk = c;
+    }
+    seg[l] = id;
+    if (d.stage == 3) {
+      if (++fill >= d.unit_layers)
+        open = false;
+    } else {
+      fill += s.layers[l].parameters * sizeof(T);
+      if (fill >= (id == 0 ? d.first_bucket_bytes : d.bucket_bytes))
+        open = false;
+    }
+  }
+  return seg;
+}
+
+template <class T>
+void fill_nan(T* p, std::size_t n) noexcept {
+  T const nan = element_traits<T>::from_compute(std::numeric_limits<compute_t<T>>::quiet_NaN());
+  std::fill(p, p + n, nan);
+}
+
+} // namespace detail
+
+/// The sharded pass over communicator C (the mesh's dp group), ZeRO stage 1, 2 or 3.
+///
+/// Layout: the flat buffers are cut into segments of whole layers (buckets for stages 1 and
+/// 2, units for stage 3), each padded to a multiple of the dp size n; rank r owns the r-th
+/// n-th of every segment: it updates those elements and keeps their optimizer state, and
+/// counts them in the gradient norm (each element on exactly one rank).
+///
+/// Per step:
+/// - stage 1: full gradients accumulate as one rank's; on the last micro-batch, as each
+///   segment's backward completes, it is reduce-scattered (averaged) in place, overlapped with
+///   the rest of backward; after the update every segment is all-gathered in place.
+/// - stage 2: a segment's gradients are written into one of two staging buffers and
+///   reduce-scattered into the rank's gradient shard as soon as that segment's backward
+///   completes, on every micro-batch (accumulation sums the reduced slices: M reduce-scatters
+///   per segment per step, as DeepSpeed's stage 2; no full gradient is ever held); parameters
+///   are all-gathered after the update as in stage 1.
+/// - stage 3: only shards are held between uses. Each unit is all-gathered into a gather slot
+///   before its first forward or backward operation, `prefetch` units ahead in the program's
+///   execution order, and freed after its last consecutive operation (kept from forward to
+///   backward when reshard_after_forward is false); its gradients are reduce-scattered as in
+///   stage 2. The slots a program needs are found by simulating it.
+template <class T, comm::communicator C>
+class sharded_pass final : public engine::pass<T> {
+  using rs_request = decltype(std::declval<C&>().reduce_scatter_async(
+      std::span<T const>(), std::span<T>(), comm::reduce_op::avg));
+  using ag_request =
+      decltype(std::declval<C&>().all_gather_async(std::span<T const>(), std::span<T>()));
+
+  // What an operation of this pass does: the top byte of its arg; the rest is a segment.
+  enum kind : std::uint32_t {
+    k_zero = 1,     // clear the gradient shard (start of a step)
+    k_prepare,      // a segment's backward starts: staging slot ready, gradients bound to it
+    k_reduce,       // a segment's backward is complete: start its reduce-scatter
+    k_drain,        // every reduce-scatter done and summed into the shard
+    k_loss,         // the loss averaged over the dp group
+    k_gather_param, // stages 1, 2: start a segment's in-place all-gather after the update
+    k_wait_param,   // stages 1, 2: wait for them all
+    k_gather,       // stage 3: start gathering a unit into a slot
+    k_wait,         // stage 3: a unit's gather is needed now
+    k_free,         // stage 3: release a unit's slot
+  };
+  static constexpr std::uint32_t arg(kind k, std::uint32_t seg) noexcept {
+    return (static_cast<std::uint32_t>(k) << 24) | seg;
+  }
+
+public:
+  sharded_pass(C& dp, plan_descriptor::sharded_desc const& d) : dp_(&dp), d_(d) {}
+
+  std::string_view name() const noexcept override { return "sharded"; }
+  C& group() noexcept { return *dp_; }
+  int stage() const noexcept { return d_.stage; }
+  /// Gather slots of stage 3 (each the size of the largest unit).
+  std::size_t gather_slots() const noexcept { return slots_.size(); }
+  /// Elements of this rank's shard (its slices of every segment, padding included).
+  std::size_t shard_size() const noexcept { return shard_total_; }
+  /// Elements of the largest segment (padding included).
+  std::size_t largest_segment() const noexcept { return max_size_; }
+
+  void configure(engine::state<T>& s) override {
+    s.segment_of_layer = detail::shard_segments(s, d_);
+    s.segment_align = static_cast<std::size_t>(dp_->size());
+    s.hold_values = d_.stage < 3;
+    s.hold_grads = d_.stage == 1;
+    // Each element is counted on one rank: the squared norms add up over the dp group.
+    auto previous = std::move(s.reduce_norm_sq);
+    s.reduce_norm_sq = [this, previous](double& sq) {
+      dp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum);
+      if (previous)
+        previous(sq);
+    };
+  }
+
+  void setup(engine::state<T>& s) override {
+    state_ = &s;
+    detail::check_replicas(*dp_, s, "sharded");
+    std::size_t const n = static_cast<std::size_t>(dp_->size());
+    std::size_t const r = static_cast<std::size_t>(dp_->rank());
+    auto& ledger = default_ledger();
+    segs_.clear();
+    shard_total_ = max_size_ = max_slice_ = 0;
+    for (auto const& g : s.segments) {
+      std::size_t const c = g.size / n;
+      segs_.push_back({g.begin + r * c, c, shard_total_});
+      shard_total_ += c;
+      max_size_ = std::max(max_size_, g.size);
+      max_slice_ = std::max(max_slice_, c);
+    }
+    value_base_.assign(s.segments.size(), nullptr);
+    grad_base_.assign(s.segments.size(), nullptr);
+    seg_requests_.clear();
+    seg_requests_.resize(s.segments.size());
+    param_requests_.clear();
+    param_requests_.resize(s.segments.size());
+    if (d_.stage == 1) {
+      if (n > 1)
+        dp_->broadcast(std::span<T>(s.values.data(), s.flat_size), 0);
+      s.owned.clear();
+      s.grad_pieces.clear();
+      for (std::size_t g = 0; g < segs_.size(); ++g) {
+        auto const& v = segs_[g];
+        s.owned.push_back(
+            {s.values.data() + v.begin, s.grads.data() + v.begin, v.count, v.shard_offset, true});
+        s.add_pieces(s.grad_pieces, v.begin, v.count, s.grads.data() + v.begin);
+      }
+      return;
+    }
+    shard_grads_ = buffer<T>(shard_total_, memory_kind::gradients, ledger);
+    std::memset(static_cast<void*>(shard_grads_.data()), 0, shard_total_ * sizeof(T));
+    for (std::size_t k = 0; k < 2; ++k) {
+      staging_[k] = buffer<T>(max_size_, memory_kind::gradients, ledger);
+      std::memset(static_cast<void*>(staging_[k].data()), 0, max_size_ * sizeof(T));
+      reduced_[k] = buffer<T>(max_slice_, memory_kind::communication, ledger);
+    }
+    s.owned.clear();
+    s.grad_pieces.clear();
+    if (d_.stage == 2) {
+      if (n > 1)
+        dp_->broadcast(std::span<T>(s.values.data(), s.flat_size), 0);
+      for (std::size_t g = 0; g < segs_.size(); ++g) {
+        auto const& v = segs_[g];
+        value_base_[g] = s.values.data() + s.segments[g].begin;
+        s.owned.push_back({s.values.data() + v.begin, shard_grads_.data() + v.shard_offset, v.count,
+                           v.shard_offset, true});
+        s.add_pieces(s.grad_pieces, v.begin, v.count, shard_grads_.data() + v.shard_offset);
+        bind(g);
+      }
+      return;
+    }
+    // Stage 3: the rank's slices only, initialised in place (a parameter's elements are a
+    // function of its name, the seed and the element index, so the slices are those of the
+    // model one rank would build); the full model is never allocated.
+    shard_values_ = buffer<T>(shard_total_, memory_kind::parameters, ledger);
+    std::memset(static_cast<void*>(shard_values_.data()), 0, shard_total_ * sizeof(T));
+    s.value_pieces.clear();
+    for (std::size_t g = 0; g < segs_.size(); ++g) {
+      auto const& v = segs_[g];
+      T* const base = shard_values_.data() + v.shard_offset;
+      std::size_t const before = s.value_pieces.size();
+      s.add_pieces(s.value_pieces, v.begin, v.count, base);
+      for (std::size_t i = before; i < s.value_pieces.size(); ++i) {
+        auto const& pc = s.value_pieces[i];
+        auto* p = s.params[pc.param].p;
+        nn::init_values(std::span<T>(const_cast<T*>(pc.data), pc.count), p->name(), p->rule(),
+                        s.seed, pc.first);
+      }
+      s.add_pieces(s.grad_pieces, v.begin, v.count, shard_grads_.data() + v.shard_offset);
+    }
+    s.owned.push_back({shard_values_.data(), shard_grads_.data(), shard_total_, 0, true});
+  }
+
+  void rewrite(engine::program& p, std::uint16_t id) override {
+    using engine::op;
+    using engine::op_code;
+    std::size_t const n_ops = p.ops.size();
+    std::vector<std::vector<op>> before(n_ops + 1), after(n_ops);
+    auto mk = [id](op_code c, kind k, std::uint32_t seg = 0, std::uint16_t slot = 0) {
+      op o = engine::pass_op(c, id, arg(k, seg));
+      o.slot = slot;
+      return o;
+    };
+    auto const& segmap = state_->segment_of_layer;
+    auto seg_of = [&](op const& o) -> std::int32_t {
+      return o.layer < segmap.size() ? segmap[o.layer] : -1;
+    };
+    auto is_engine = [](op const& o, op_code c) {
+      return o.owner == engine::engine_owner && o.code == c;
+    };
+    for (std::size_t i = 0; i < n_ops; ++i) {
+      op const& o = p.ops[i];
+      if (is_engine(o, op_code::zero_grad) && d_.stage > 1)
+        after[i].push_back(mk(op_code::custom, k_zero));
+      if (is_engine(o, op_code::clip)) {
+        before[i].push_back(mk(op_code::wait, k_drain));
+        before[i].push_back(mk(op_code::collective, k_loss));
+      }
+      if (is_engine(o, op_code::optimizer_step) && d_.stage < 3) {
+        for (std::uint32_t g = 0; g < segs_.size(); ++g)
+          after[i].push_back(mk(op_code::collective, k_gather_param, g));
+        after[i].push_back(mk(op_code::wait, k_wait_param));
+      }
+      // Stage 1: a segment is reduced once, when its backward completes on the last
+      // micro-batch (its lowest layer's backward).
+      if (d_.stage == 1 && is_engine(o, op_code::backward) && o.last()) {
+        std::int32_t const g = seg_of(o);
+        if (g >= 0 && state_->segments[static_cast<std::size_t>(g)].first_layer == o.layer)
+          after[i].push_back(mk(op_code::collective, k_reduce, static_cast<std::uint32_t>(g)));
+      }
+    }
+    if (d_.stage > 1) {
+      // Brackets: runs of backward operations of one segment and micro-batch. Each gets a
+      // staging slot (alternating); prepared before its first operation, reduced after its
+      // last.
+      struct bracket {
+        std::int32_t seg;
+        std::uint32_t mb;
+        std::size_t first, last;
+      };
+      std::vector<bracket> br;
+      for (std::size_t i = 0; i < n_ops; ++i) {
+        op const& o = p.ops[i];
+        if (!is_engine(o, op_code::backward))
+          continue;
+        std::int32_t const g = seg_of(o);
+        if (g < 0)
+          continue;
+        if (!br.empty() && br.back().seg == g && br.back().mb == o.micro_batch)
+          br.back().last = i;
+        else
+          br.push_back({g, o.micro_batch, i, i});
+      }
+      for (std::size_t k = 0; k < br.size(); ++k) {
+        auto const g = static_cast<std::uint32_t>(br[k].seg);
+        auto const slot = static_cast<std::uint16_t>(k % 2);
+        before[br[k].first].push_back(mk(op_code::wait, k_prepare, g, slot));
+        after[br[k].last].push_back(mk(op_code::collective, k_reduce, g, slot));
+      }
+    }
+    if (d_.stage == 3)
+      plan_gathers(p, id, true, before, after);
+    apply(p, before, after);
+  }
+
+  void rewrite_eval(engine::program& p, std::uint16_t id) override {
+    std::size_t const n_ops = p.ops.size();
+    std::vector<std::vector<engine::op>> before(n_ops + 1), after(n_ops);
+    if (d_.stage == 3)
+      plan_gathers(p, id, false, before, after);
+    engine::op l = engine::pass_op(engine::op_code::collective, id, arg(k_loss, 0));
+    before[n_ops].push_back(l);
+    apply(p, before, after);
+  }
+
+  void run(engine::op const& o, engine::state<T>& s) override {
+    auto const k = static_cast<kind>(o.arg >> 24);
+    std::uint32_t const g = o.arg & 0xffffffu;
+    switch (k) {
+    case k_zero:
+      std::memset(static_cast<void*>(shard_grads_.data()), 0, shard_total_ * sizeof(T));
+      return;
+    case k_prepare: {
+      complete(o.slot);
+      auto const& sg = s.segments[g];
+      std::memset(static_cast<void*>(staging_[o.slot].data()), 0, sg.size * sizeof(T));
+      grad_base_[g] = staging_[o.slot].data();
+      bind(g);
+      return;
+    }
+    case k_reduce: {
+      auto const& sg = s.segments[g];
+      auto const& v = segs_[g];
+      if (d_.stage == 1) {
+        seg_requests_[g] = dp_->reduce_scatter_async(
+            std::span<T const>(s.grads.data() + sg.begin, sg.size),
+            std::span<T>(s.grads.data() + v.begin, v.count), comm::reduce_op::avg);
+        return;
+      }
+      rs_pending_[o.slot] = dp_->reduce_scatter_async(
+          std::span<T const>(staging_[o.slot].data(), sg.size),
+          std::span<T>(reduced_[o.slot].data(), v.count), comm::reduce_op::avg);
+      rs_segment_[o.slot] = g;
+      return;
+    }
+    case k_drain:
+      if (d_.stage == 1) {
+        for (auto& r : seg_requests_)
+          if (r) {
+            r->wait();
+            r.reset();
+          }
+        if constexpr (STRATA_POISON_UNOWNED)
+          poison_unowned_grads(s);
+      } else {
+        complete(0);
+        complete(1);
+      }
+      return;
+    case k_loss: {
+      double l = s.loss_sum;
+      dp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::avg);
+      s.loss_sum = l;
+      return;
+    }
+    case k_gather_param: {
+      auto const& sg = s.segments[g];
+      auto const& v = segs_[g];
+      param_requests_[g] =
+          dp_->all_gather_async(std::span<T const>(s.values.data() + v.begin, v.count),
+                                std::span<T>(s.values.data() + sg.begin, sg.size));
+      return;
+    }
+    case k_wait_param:
+      for (auto& r : param_requests_)
+        if (r) {
+          r->wait();
+          r.reset();
+        }
+      return;
+    case k_gather: {
+      auto const& v = segs_[g];
+      slot_requests_[o.slot] =
+          dp_->all_gather_async(std::span<T const>(shard_values_.data() + v.shard_offset, v.count),
+                                std::span<T>(slots_[o.slot].data(), s.segments[g].size));
+      return;
+    }
+    case k_wait:
+      if (slot_requests_[o.slot]) {
+        slot_requests_[o.slot]->wait();
+        slot_requests_[o.slot].reset();
+      }
+      value_base_[g] = slots_[o.slot].data();
+      bind(g);
+      return;
+    case k_free:
+      value_base_[g] = nullptr;
+      bind(g);
+      if constexpr (STRATA_POISON_UNOWNED)
+        detail::fill_nan(slots_[o.slot].data(), s.segments[g].size);
+      return;
+    }
+  }
+
+  void abort() noexcept override {
+    auto drop = [](auto& r) {
+      if (r) {
+        try {
+          r->wait();
+        } catch (...) {
+        }
+        r.reset();
+      }
+    };
+    for (auto& r : seg_requests_)
+      drop(r);
+    for (auto& r : param_requests_)
+      drop(r);
+    for (auto& r : rs_pending_)
+      drop(r);
+    for (auto& r : slot_requests_)
+      drop(r);
+  }
+
+private:
+  struct slice {
+    std::size_t begin = 0;        // first flat element of this rank's slice
+    std::size_t count = 0;        // its elements
+    std::size_t shard_offset = 0; // where it starts in the shard buffers
+  };
+
+  static void apply(engine::program& p, std::vector<std::vector<engine::op>>& before,
+                    std::vector<std::vector<engine::op>>& after) {
+    std::size_t i = 0;
+    p.rewrite(
+        [&](engine::op const&, std::vector<engine::op>& out) {
+          out.insert(out.end(), before[i].begin(), before[i].end());
+          return true;
+        },
+        [&](engine::op const&, std::vector<engine::op>& out) {
+          out.insert(out.end(), after[i].begin(), after[i].end());
+          ++i;
+        });
+    p.ops.insert(p.ops.end(), before[i].begin(), before[i].end());
+  }
+
+  /// Binds segment g's parameters to its current value and gradient storage.
+  void bind(std::size_t g) noexcept {
+    auto const& sg = state_->segments[g];
+    for (std::size_t i = sg.params_begin; i < sg.params_end; ++i) {
+      auto const& e = state_->params[i];
+      std::size_t const off = e.offset - sg.begin;
+      e.p->bind(value_base_[g] ? value_base_[g] + off : nullptr,
+                grad_base_[g] ? grad_base_[g] + off : nullptr);
+    }
+  }
+
+  /// Finishes the reduce-scatter in flight from staging slot k: adds the reduced slice into
+  /// the gradient shard; the staging buffer is spent.
+  void complete(std::size_t k) {
+    if (!rs_pending_[k])
+      return;
+    rs_pending_[k]->wait();
+    rs_pending_[k].reset();
+    auto const& v = segs_[rs_segment_[k]];
+    T* const dst = shard_grads_.data() + v.shard_offset;
+    T const* const src = reduced_[k].data();
+    for (std::size_t i = 0; i < v.count; ++i)
+      dst[i] += src[i];
+    if constexpr (STRATA_POISON_UNOWNED) {
+      detail::fill_nan(staging_[k].data(), state_->segments[rs_segment_[k]].size);
+      detail::fill_nan(reduced_[k].data(), v.count);
+    }
+  }
+
+  void poison_unowned_grads(engine::state<T>& s) noexcept {
+    for (std::size_t g = 0; g < segs_.size(); ++g) {
+      auto const& sg = s.segments[g];
+      auto const& v = segs_[g];
+      detail::fill_nan(s.grads.data() + sg.begin, v.begin - sg.begin);
+      detail::fill_nan(s.grads.data() + v.begin + v.count, sg.begin + sg.size - v.begin - v.count);
+    }
+  }
+
+  /// Stage 3: where each unit is gathered, waited for and freed in program p, found by
+  /// walking its uses (maximal runs of forward/backward operations on one unit) in execution
+  /// order, with `prefetch` uses gathered ahead. Allocates the gather slots the walk needs.
+  void plan_gathers(engine::program const& p, std::uint16_t id, bool training,
+                    std::vector<std::vector<engine::op>>& before,
+                    std::vector<std::vector<engine::op>>& after) {
+    using engine::op;
+    using engine::op_code;
+    struct use {
+      std::uint32_t seg;
+      std::size_t first, last;
+      bool ends_forward;
+    };
+    std::vector<use> uses;
+    auto const& segmap = state_->segment_of_layer;
+    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+      op const& o = p.ops[i];
+      if (o.owner != engine::engine_owner ||
+          (o.code != op_code::forward && o.code != op_code::backward))
+        continue;
+      std::int32_t const g = o.layer < segmap.size() ? segmap[o.layer] : -1;
+      if (g < 0)
+        continue;
+      auto const u = static_cast<std::uint32_t>(g);
+      if (!uses.empty() && uses.back().seg == u) {
+        uses.back().last = i;
+        uses.back().ends_forward = o.code == op_code::forward;
+      } else {
+        uses.push_back({u, i, i, o.code == op_code::forward});
+      }
+    }
+    auto mk = [id](op_code c, kind k, std::uint32_t seg, std::uint16_t slot) {
+      op o = engine::pass_op(c, id, arg(k, seg));
+      o.slot = slot;
+      return o;
+    };
+    std::vector<std::int32_t> slot_of(segs_.size(), -1);
+    std::vector<char> in_flight(segs_.size(), 0);
+    std::vector<std::uint16_t> free_slots;
+    std::size_t slots = 0;
+    std::size_t const ahead = d_.prefetch;
+    auto issue = [&](std::uint32_t u, std::vector<op>& at) {
+      if (slot_of[u] >= 0)
+        return;
+      std::uint16_t s;
+      if (!free_slots.empty()) {
+        s = free_slots.back();
+        free_slots.pop_back();
+      } else {
+        s = static_cast<std::uint16_t>(slots++);
+      }
+      slot_of[u] = s;
+      in_flight[u] = 1;
+      at.push_back(mk(op_code::gather, k_gather, u, s));
+    };
+    for (std::size_t i = 0; i < uses.size(); ++i) {
+      std::uint32_t const u = uses[i].seg;
+      auto& at = before[uses[i].first];
+      issue(u, at);
+      if (in_flight[u]) {
+        at.push_back(mk(op_code::wait, k_wait, u, static_cast<std::uint16_t>(slot_of[u])));
+        in_flight[u] = 0;
+      }
+      for (std::size_t j = i + 1; j <= i + ahead && j < uses.size(); ++j)
+        issue(uses[j].seg, at);
+      bool keep = training && !d_.reshard_after_forward && uses[i].ends_forward;
+      for (std::size_t j = i + 1; j <= i + ahead + 1 && j < uses.size(); ++j)
+        keep = keep || uses[j].seg == u;
+      if (!keep) {
+        auto const s = static_cast<std::uint16_t>(slot_of[u]);
+        after[uses[i].last].push_back(mk(op_code::free, k_free, u, s));
+        slot_of[u] = -1;
+        free_slots.push_back(s);
+      }
+    }
+    for (std::uint32_t u = 0; u < segs_.size(); ++u)
+      if (slot_of[u] >= 0) { // kept to the end of the program: freed there
+        before.back().push_back(
+            mk(op_code::free, k_free, u, static_cast<std::uint16_t>(slot_of[u])));
+        slot_of[u] = -1;
+      }
+    auto& ledger = default_ledger();
+    while (slots_.size() < slots) {
+      slots_.emplace_back(max_size_, memory_kind::parameters, ledger);
+      if constexpr (STRATA_POISON_UNOWNED)
+        detail::fill_nan(slots_.back().data(), max_size_);
+      else
+        std::memset(static_cast<void*>(slots_.back().data()), 0, max_size_ * sizeof(T));
+      slot_requests_.emplace_back();
+    }
+  }
+
+  C* dp_;
+  plan_descriptor::sharded_desc d_;
+  engine::state<T>* state_ = nullptr;
+  std::vector<slice> segs_;
+  std::size_t shard_total_ = 0, max_size_ = 0, max_slice_ = 0;
+  std::vector<T*> value_base_, grad_base_;
+  buffer<T> shard_values_, shard_grads_;
+  std::array<buffer<T>, 2> staging_, reduced_;
+  std::array<std::optional<rs_request>, 2> rs_pending_;
+  std::array<std::uint32_t, 2> rs_segment_{};
+  std::vector<std::optional<rs_request>> seg_requests_;
+  std::vector<std::optional<ag_request>> param_requests_;
+  std::vector<buffer<T>> slots_;
+  std::vector<std::optional<ag_request>> slot_requests_;
+};
+
+} // namespace strata::parallel
