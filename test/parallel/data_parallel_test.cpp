@@ -235,7 +235,8 @@ TEST_CASE("a mesh axis without its strategy is refused", "[parallel][ddp][errors
                                                mesh, m, eng::use<st::optim::sgd<float>>(),
                                                {.lr = st::test::constant_lr(0.1)});
                                          }),
-                    Contains("the mesh has dp = 2 but the plan has no data_parallel<...>"));
+                    Contains("the mesh has dp = 2 but the plan has no data_parallel<...> or "
+                             "sharded<...>"));
 }
 
 TEST_CASE("the loss every rank reports is the global batch's", "[parallel][ddp]") {
