@@ -67,6 +67,30 @@ using plan = st::plan<st::data_parallel<>, st::data_parallel<st::bucket_mib<4>>>
 #endif
 constexpr auto d = plan::descriptor();
 
+#elif STRATA_CASE == 7 // data parallel and sharded over the same dp axis
+#ifdef STRATA_TWIN
+using plan = st::plan<st::sharded<st::zero<2>>>;
+#else
+using plan = st::plan<st::data_parallel<>, st::sharded<st::zero<2>>>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 8 // a ZeRO-3 option on stage 1
+#ifdef STRATA_TWIN
+using plan = st::plan<st::sharded<st::zero<3>, st::unit_layers<2>>>;
+#else
+using plan = st::plan<st::sharded<st::zero<1>, st::unit_layers<2>>>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 9 // a ZeRO stage that does not exist
+#ifdef STRATA_TWIN
+using plan = st::plan<st::sharded<st::zero<3>>>;
+#else
+using plan = st::plan<st::sharded<st::zero<4>>>;
+#endif
+constexpr auto d = plan::descriptor();
+
 #endif
 
 int main() {
