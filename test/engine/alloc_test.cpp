@@ -1,5 +1,6 @@
 // A training step allocates nothing from the third step on: the GPT and the MLP under the
-// trainer, with accumulation, clipping and AdamW (operator new counted for all threads).
+// trainer, with accumulation, clipping and AdamW; data parallel, ZeRO 1, 2, 3 and pipelines
+// (operator new counted for all threads).
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/models/gpt.hpp>
@@ -13,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <type_traits>
 #include <vector>
 
 using strata::test::allocations;
@@ -66,6 +68,42 @@ TEST_CASE("a data-parallel step allocates nothing from the third step on", "[eng
   st::comm::local::run(2, [&](st::comm::local::communicator& world) {
     st::comm::mesh mesh(world, {.dp = 2});
     using plan = st::plan<st::data_parallel<st::bucket_mib<1>, st::micro_batches<2>>>;
+    st::trainer<decltype(mlp), plan> t(
+        mesh, mlp, st::engine::use<st::optim::adamw<float>>(),
+        {.lr = [](std::int64_t) { return 1e-3; }, .clip = 1.0, .seed = seed});
+    std::vector<float> x(4 * 64);
+    for (std::size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(st::test::mix(seed + world.rank(), i) % 1000) * 1e-3f - 0.5f;
+    std::vector<std::int32_t> y(4);
+    for (std::size_t i = 0; i < y.size(); ++i)
+      y[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 10);
+    st::engine::batch_view<float> b{4, 1, {}, x, y};
+    t.step(b);
+    t.step(b);
+    world.barrier();
+    if (world.rank() == 0)
+      before = allocations.load();
+    world.barrier();
+    for (int k = 0; k < 3; ++k)
+      t.step(b);
+    world.barrier();
+    if (world.rank() == 0)
+      after = allocations.load();
+    world.barrier();
+  });
+  CHECK(after.load() == before.load());
+}
+
+TEMPLATE_TEST_CASE("a sharded (ZeRO) step allocates nothing from the third step on",
+                   "[engine][alloc]", (std::integral_constant<int, 1>),
+                   (std::integral_constant<int, 2>), (std::integral_constant<int, 3>)) {
+  constexpr int S = TestType::value;
+  std::uint64_t const seed = st::test::seed();
+  st::models::mlp_model<float> mlp{64, 127, 3, 10};
+  std::atomic<long> before{0}, after{0};
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    using plan = st::plan<st::sharded<st::zero<S>, st::micro_batches<2>>>;
     st::trainer<decltype(mlp), plan> t(
         mesh, mlp, st::engine::use<st::optim::adamw<float>>(),
         {.lr = [](std::int64_t) { return 1e-3; }, .clip = 1.0, .seed = seed});
