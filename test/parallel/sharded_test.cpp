@@ -77,14 +77,20 @@ TEMPLATE_TEST_CASE("sharded data parallel accumulates micro-batches and clips li
       4, m, {.sequences = 24, .optimizer = parity_optimizer::sgd, .lr = 0.1, .clip = 0.05}));
 }
 
-TEMPLATE_TEST_CASE("sharded data parallel trains the GPT like one rank", "[parallel][zero][parity]",
-                   (zero<1>), (zero<2>), (zero<3>)) {
-  auto const g = gpt<float>(2);
-  st::test::require_ok(st::test::check_parity<TestType>(2, g, {.sequences = 4, .seq = 8}));
-  st::test::require_ok(st::test::check_parity<TestType>(
-      3, g, {.sequences = 6, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
+TEMPLATE_TEST_CASE("sharded data parallel trains the GPT like one rank, and f32 models",
+                   "[parallel][zero][parity]", (zero<1>), (zero<2>), (zero<3>)) {
+  // AdamW on the GPT in f64: in f32 Adam turns the rounding of near-zero gradients (layer-norm
+  // gains; other summation orders over ranks) into full-size steps, and 1 seed in 80 ended
+  // 1.1x over the parameter tolerance. f32 runs the GPT with SGD and the MLP with AdamW.
+  auto const g64 = gpt<double>(2);
+  st::test::require_ok(st::test::check_parity<TestType>(2, g64, {.sequences = 4, .seq = 8}));
   st::test::require_ok(
-      st::test::check_parity<TestType>(4, g, {.sequences = 8, .seq = 8, .clip = 0.1}));
+      st::test::check_parity<TestType>(4, g64, {.sequences = 8, .seq = 8, .clip = 0.1}));
+  st::test::require_ok(st::test::check_parity<TestType>(
+      3, gpt<float>(2),
+      {.sequences = 6, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
+  st::test::require_ok(st::test::check_parity<TestType>(
+      2, st::models::mlp_model<float>{13, 127, 3, 7}, {.sequences = 12}));
 }
 
 TEST_CASE("ZeRO-3 options: units of several layers, no prefetch, deep prefetch, parameters "
