@@ -1,6 +1,7 @@
-// Data-parallel and pipeline parity under MPI: run with mpirun -np N (2 and 4 in the suite). Every
-// rank gets only its slice of the global batch; every rank checks against one rank on the whole
-// batch and all agree on the report. Rank 0 prints one line per check; exit 1 on a failure.
+// Data-parallel, sharded (ZeRO 1, 2, 3) and pipeline parity under MPI: run with mpirun -np N (2
+// and 4 in the suite). Every rank gets only its slice of the global batch; every rank checks
+// against one rank on the whole batch and all agree on the report. Rank 0 prints one line per
+// check; exit 1 on a failure.
 #include <strata/comm/mpi.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
@@ -9,6 +10,7 @@
 
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 namespace st = strata;
 using st::test::parity_optimizer;
@@ -74,6 +76,44 @@ int main(int argc, char** argv) {
                                           .lr = 0.1,
                                           .clip = 0.05,
                                           .seed = s}));
+    // Sharded data parallel, every ZeRO stage: the MLP with widths no n in {2, 4} divides
+    // (every segment padded), SGD and AdamW, accumulation, clipping; the 2-layer GPT; and on 4
+    // processes the 8-block GPT on dp 2 x pp 2.
+    st::models::mlp_model<double> odd{13, 127, 3, 7};
+    auto zero_lines = [&]<int S>(std::integral_constant<int, S>) {
+      using zero = st::plan<st::sharded<st::zero<S>>>;
+      using zero_acc = st::plan<st::sharded<st::zero<S>, st::micro_batches<2>>>;
+      std::string const z = "zero" + std::to_string(S) + " ";
+      for (auto opt : {parity_optimizer::sgd, parity_optimizer::adamw})
+        line((z + "odd mlp f64 " + (opt == parity_optimizer::sgd ? "sgd" : "adamw")).c_str(),
+             st::test::check_parity<zero>(world, odd,
+                                          {.sequences = b, .optimizer = opt, .seed = s}));
+      line((z + "odd mlp f64 adamw, 2 micro-batches").c_str(),
+           st::test::check_parity<zero_acc>(world, odd, {.sequences = 2 * b, .seed = s}));
+      line((z + "odd mlp f64 sgd, clipping active").c_str(),
+           st::test::check_parity<zero_acc>(world, odd,
+                                            {.sequences = 2 * b,
+                                             .optimizer = parity_optimizer::sgd,
+                                             .lr = 0.1,
+                                             .clip = 0.05,
+                                             .seed = s}));
+      line((z + "gpt f32 sgd").c_str(),
+           st::test::check_parity<zero>(world, gpt,
+                                        {.sequences = b,
+                                         .seq = 8,
+                                         .optimizer = parity_optimizer::sgd,
+                                         .lr = 1e-2,
+                                         .seed = s}));
+      if (n == 4)
+        line((z + "gpt8 f64 dp2 x pp2 1f1b m4").c_str(),
+             st::test::check_parity<
+                 st::plan<st::sharded<st::zero<S>>,
+                          st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>>(
+                 world, gpt8, {.sequences = 8, .seq = 8, .seed = s}, {.dp = 2, .pp = 2}));
+    };
+    zero_lines(std::integral_constant<int, 1>{});
+    zero_lines(std::integral_constant<int, 2>{});
+    zero_lines(std::integral_constant<int, 3>{});
   });
   if (failures)
     std::fprintf(stderr, "%d parity checks failed\n", failures);
