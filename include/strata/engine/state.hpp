@@ -241,14 +241,14 @@ public:
 
   /// Appends the pieces of the parameters that flat elements [begin, begin + count) hold,
   /// element begin being at data[0].
-  void add_pieces(std::vector<piece<T>>& out, std::size_t begin, std::size_t count,
+  void add_pieces(std::vector<piece<T>>& dst, std::size_t begin, std::size_t count,
                   T const* data) const {
     std::size_t const end = begin + count;
     for (std::size_t i = 0; i < params.size(); ++i) {
       std::size_t const b = params[i].offset, e = b + params[i].p->size();
       std::size_t const lo = std::max(b, begin), hi = std::min(e, end);
       if (lo < hi)
-        out.push_back({static_cast<std::uint32_t>(i), lo - b, hi - lo, data + (lo - begin)});
+        dst.push_back({static_cast<std::uint32_t>(i), lo - b, hi - lo, data + (lo - begin)});
     }
   }
 
