@@ -1,18 +1,64 @@
 // The per-call context every layer's forward and backward receives.
 #pragma once
 
+#include <strata/core/float16.hpp>
+
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace strata::nn {
 
-/// The tensor-parallel group a layer splits its work over. Only tp = 1 exists now: the
-/// tensor-parallel layers will carry the mesh's tp communicator here (type-erased), and a
-/// null group means "not split".
+/// The collectives a tensor-parallel layer runs over its group, type-erased so that layers
+/// (and this header) do not depend on a communicator type. Every rank of the group calls the
+/// same operations in the same order (the communicator contract). tp_ops_of<C>
+/// (strata/nn/tensor_parallel.hpp) implements it over any comm::communicator.
+///   all_reduce_sum(buf)            buf = sum over ranks of buf, in place;
+///   all_gather(send, recv)         recv.size() == size * send.size(); recv[r*n ..] = rank r's;
+///   reduce_scatter_sum(send, recv) send.size() == size * recv.size(); rank r receives the
+///                                  sum over ranks of send[r*n .. (r+1)*n).
+class tp_ops {
+public:
+  virtual ~tp_ops() = default;
+
+  virtual void all_reduce_sum(std::span<float> buf) = 0;
+  virtual void all_reduce_sum(std::span<double> buf) = 0;
+  virtual void all_reduce_sum(std::span<f16> buf) = 0;
+  virtual void all_reduce_sum(std::span<bf16> buf) = 0;
+
+  virtual void all_gather(std::span<float const> send, std::span<float> recv) = 0;
+  virtual void all_gather(std::span<double const> send, std::span<double> recv) = 0;
+  virtual void all_gather(std::span<f16 const> send, std::span<f16> recv) = 0;
+  virtual void all_gather(std::span<bf16 const> send, std::span<bf16> recv) = 0;
+
+  virtual void reduce_scatter_sum(std::span<float const> send, std::span<float> recv) = 0;
+  virtual void reduce_scatter_sum(std::span<double const> send, std::span<double> recv) = 0;
+  virtual void reduce_scatter_sum(std::span<f16 const> send, std::span<f16> recv) = 0;
+  virtual void reduce_scatter_sum(std::span<bf16 const> send, std::span<bf16> recv) = 0;
+
+protected:
+  tp_ops() = default;
+  tp_ops(tp_ops const&) = default;
+  tp_ops& operator=(tp_ops const&) = default;
+};
+
+/// The tensor-parallel group a layer splits its work over: its size, this rank's index in it,
+/// and the collectives over it (not owned). A null group, or a null ops pointer, means tp = 1
+/// ("not split"); so does size 1.
 struct tp_group {
   int size = 1;
   int rank = 0;
+  tp_ops* ops = nullptr;
 };
+
+/// The tp size a group pointer stands for: 1 when it is null, has no ops, or has size <= 1.
+constexpr int tp_size_of(tp_group const* g) noexcept {
+  return g != nullptr && g->ops != nullptr && g->size > 1 ? g->size : 1;
+}
+/// This rank's index in the group (0 when tp_size_of(g) == 1).
+constexpr int tp_rank_of(tp_group const* g) noexcept {
+  return tp_size_of(g) > 1 ? g->rank : 0;
+}
 
 /// What one forward or backward call needs to know beyond its tensors. Activations are 2-D
 /// (rows = batch * seq tokens, columns = features); attention needs batch and seq apart.

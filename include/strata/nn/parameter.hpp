@@ -3,6 +3,7 @@
 
 #include <strata/core/buffer.hpp>
 #include <strata/core/element.hpp>
+#include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
 #include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
@@ -48,6 +49,25 @@ void init_values(std::span<T> out, std::string_view name, init_rule rule, std::u
   }
 }
 
+/// How a parameter is a shard of a larger logical tensor: the logical ("full") tensor is split
+/// along dimension `dim` into `parts` equal slices and this parameter holds slice `index`.
+/// dim = -1 (or parts = 1) means not split: the parameter is the whole tensor.
+struct shard_spec {
+  int dim = -1;
+  std::size_t parts = 1;
+  std::size_t index = 0;
+
+  constexpr bool split() const noexcept { return dim >= 0 && parts > 1; }
+};
+
+/// One contiguous run of a shard: `count` elements that start at element `first` of the full
+/// (logical) tensor, row-major, and at element `offset` of the shard.
+struct shard_run {
+  std::size_t first = 0;
+  std::size_t offset = 0;
+  std::size_t count = 0;
+};
+
 namespace detail {
 inline bool& deferred_flag() noexcept {
   thread_local bool deferred = false;
@@ -78,6 +98,12 @@ private:
 /// (allocated once at construction) or, when constructed under deferred_parameters, views
 /// into someone else's buffers given by bind(). Gradients accumulate: backward adds,
 /// zero_grad() clears.
+///
+/// A parameter may be a shard of a larger logical tensor (tensor parallelism): constructed
+/// with the full shape and a shard_spec, it keeps the logical tensor's name, holds only its
+/// slice (shape() is the slice's shape, full_shape() the logical one), and init() fills it
+/// with exactly the values the full tensor has at those positions. for_each_run() lists the
+/// slice's contiguous runs within the full tensor.
 template <floating_element T>
 class parameter {
 public:
@@ -90,18 +116,27 @@ public:
     size_ = 1;
     for (std::size_t d : shape_)
       size_ *= d;
-    if (detail::deferred_flag())
-      return;
-    value_ = buffer<T>(size_, memory_kind::parameters, ledger);
-    grad_ = buffer<T>(size_, memory_kind::gradients, ledger);
-    v_ = value_.data();
-    g_ = grad_.data();
-    zero_grad();
+    allocate(ledger);
+  }
+  /// A shard of the logical tensor `full_shape`: slice shard.index of shard.parts along
+  /// dimension shard.dim. Throws config_error when the dimension does not exist, does not
+  /// divide by parts, or index >= parts. An unsplit shard_spec gives the ordinary parameter.
+  parameter(std::string name, std::initializer_list<std::size_t> full_shape, init_rule rule,
+            shard_spec shard, memory_ledger& ledger = default_ledger())
+      : name_(std::move(name)), shape_(full_shape), rule_(rule) {
+    size_ = 1;
+    for (std::size_t d : shape_)
+      size_ *= d;
+    if (shard.split())
+      split(shard);
+    allocate(ledger);
   }
   parameter(parameter&& o) noexcept { *this = std::move(o); }
   parameter& operator=(parameter&& o) noexcept {
     name_ = std::move(o.name_);
     shape_ = std::move(o.shape_);
+    full_shape_ = std::move(o.full_shape_);
+    shard_ = std::exchange(o.shard_, shard_spec{});
     rule_ = o.rule_;
     size_ = std::exchange(o.size_, 0);
     value_ = std::move(o.value_);
@@ -115,6 +150,37 @@ public:
   std::span<std::size_t const> shape() const noexcept { return shape_; }
   std::size_t size() const noexcept { return size_; }
   init_rule rule() const noexcept { return rule_; }
+  /// How it is split (unsplit: dim = -1), the logical tensor's shape and element count.
+  shard_spec const& shard() const noexcept { return shard_; }
+  bool sharded() const noexcept { return shard_.split(); }
+  std::span<std::size_t const> full_shape() const noexcept {
+    return shard_.split() ? std::span<std::size_t const>(full_shape_) : shape();
+  }
+  std::size_t full_size() const noexcept { return size_ * (shard_.split() ? shard_.parts : 1); }
+
+  /// Calls f(shard_run) for each contiguous run of this parameter within the full tensor, in
+  /// order of offset: one run {0, 0, size()} when unsplit or split along dimension 0; one per
+  /// index of the dimensions before the split one otherwise (a dim-1 split of [out, in] gives
+  /// out runs of in/parts elements, first = row * in + index * in/parts).
+  template <class F>
+  void for_each_run(F&& f) const {
+    if (!shard_.split() || shard_.dim == 0) {
+      if (size_ != 0)
+        f(shard_run{shard_.split() ? shard_.index * size_ : 0, 0, size_});
+      return;
+    }
+    auto const d = static_cast<std::size_t>(shard_.dim);
+    std::size_t outer = 1, inner = 1;
+    for (std::size_t i = 0; i < d; ++i)
+      outer *= full_shape_[i];
+    for (std::size_t i = d + 1; i < full_shape_.size(); ++i)
+      inner *= full_shape_[i];
+    std::size_t const local = shape_[d] * inner, full = full_shape_[d] * inner;
+    if (local == 0)
+      return;
+    for (std::size_t o = 0; o < outer; ++o)
+      f(shard_run{o * full + shard_.index * local, o * local, local});
+  }
   /// Whether it has storage (its own or bound).
   bool bound() const noexcept { return v_ != nullptr; }
 
@@ -135,15 +201,63 @@ public:
   std::span<T> values() noexcept { return {v_, v_ ? size_ : 0}; }
   std::span<T> grads() noexcept { return {g_, g_ ? size_ : 0}; }
 
-  void init(std::uint64_t seed) { init_values(values(), name_, rule_, seed, 0); }
+  /// Fills the value with the logical tensor's initial values at this parameter's positions
+  /// (a function of the name, the seed and the full tensor's element index only).
+  void init(std::uint64_t seed) {
+    if (!shard_.split()) {
+      init_values(values(), name_, rule_, seed, 0);
+      return;
+    }
+    std::span<T> v = values();
+    if (v.empty())
+      return;
+    for_each_run([&](shard_run const& r) {
+      init_values(v.subspan(r.offset, r.count), name_, rule_, seed, r.first);
+    });
+  }
   void zero_grad() {
     for (T& g : grads())
       g = element_traits<T>::from_compute(compute_t<T>{0});
   }
 
 private:
+  void allocate(memory_ledger& ledger) {
+    if (detail::deferred_flag())
+      return;
+    value_ = buffer<T>(size_, memory_kind::parameters, ledger);
+    grad_ = buffer<T>(size_, memory_kind::gradients, ledger);
+    v_ = value_.data();
+    g_ = grad_.data();
+    zero_grad();
+  }
+
+  // Checks the split and re-shapes to the slice (before anything is allocated).
+  void split(shard_spec shard) {
+    std::string const who = "strata: parameter " + name_ + ": ";
+    if (static_cast<std::size_t>(shard.dim) >= shape_.size())
+      throw config_error(who + "cannot split dimension " + std::to_string(shard.dim) +
+                         " of a rank-" + std::to_string(shape_.size()) +
+                         " tensor: use a dimension below " + std::to_string(shape_.size()));
+    auto const d = static_cast<std::size_t>(shard.dim);
+    if (shape_[d] % shard.parts != 0)
+      throw config_error(who + "dimension " + std::to_string(shard.dim) + " (" +
+                         std::to_string(shape_[d]) + ") does not split into " +
+                         std::to_string(shard.parts) + " equal parts: use a multiple of " +
+                         std::to_string(shard.parts));
+    if (shard.index >= shard.parts)
+      throw config_error(who + "shard index " + std::to_string(shard.index) + " of " +
+                         std::to_string(shard.parts) + " parts: it must be below " +
+                         std::to_string(shard.parts));
+    full_shape_ = shape_;
+    shard_ = shard;
+    shape_[d] /= shard.parts;
+    size_ /= shard.parts;
+  }
+
   std::string name_;
   std::vector<std::size_t> shape_;
+  std::vector<std::size_t> full_shape_; // empty unless split
+  shard_spec shard_{};
   init_rule rule_{};
   std::size_t size_ = 0;
   buffer<T> value_;
