@@ -42,6 +42,7 @@
 #include <strata/nn/mlp.hpp>
 #include <strata/nn/parameter.hpp>
 #include <strata/nn/sequence.hpp>
+#include <strata/nn/tensor_parallel.hpp>
 #include <strata/nn/transformer_block.hpp>
 
 #include <strata/data/batch.hpp>
@@ -62,6 +63,7 @@
 
 #include <strata/parallel/plan.hpp>
 #include <strata/parallel/sharded.hpp>
+#include <strata/parallel/tensor_parallel.hpp>
 
 #include <strata/train/trainer.hpp>
 

@@ -239,6 +239,10 @@ public:
     std::size_t in, out, parameters;
   };
   std::vector<layer_info> const& info() const noexcept { return info_; }
+  /// The tensor-parallel group layers split over (null: tp = 1). A model's build() passes it
+  /// to tensor-parallel layers, which size their shards by it.
+  nn::tp_group const* tp() const noexcept { return tp_; }
+  void set_tp(nn::tp_group const* g) noexcept { tp_ = g; }
   std::vector<std::unique_ptr<node<T>>>& nodes() noexcept { return nodes_; }
   std::unique_ptr<node<T>>& loss_node() noexcept { return loss_; }
 
@@ -258,6 +262,7 @@ private:
 
   std::function<bool(std::size_t)> keep_;
   std::vector<layer_info> info_;
+  nn::tp_group const* tp_ = nullptr;
   std::vector<std::unique_ptr<node<T>>> nodes_;
   std::unique_ptr<node<T>> loss_;
 };

@@ -118,6 +118,11 @@ public:
   bool want_norm = false;                 // compute the norm even without clipping
   std::int64_t step = 0;                  // the step being run (from 1)
   std::uint64_t seed = 0;
+  // Tensor parallel: the group every layer's context carries (null: tp = 1), and whether this
+  // rank leaves parameters replicated over the group (not sharded) out of the gradient norm
+  // (every tp rank but the first: each element is counted once).
+  nn::tp_group const* tp = nullptr;
+  bool norm_skips_replicated = false;
 
   // ---- one step's values -----------------------------------------------------------------
   batch_view<T> batch{};
@@ -231,8 +236,22 @@ public:
     owned.clear();
     value_pieces.clear();
     grad_pieces.clear();
-    if (hold_values && hold_grads)
-      owned.push_back({values.data(), grads.data(), tail_begin, 0, true});
+    if (hold_values && hold_grads) {
+      if (!norm_skips_replicated) {
+        owned.push_back({values.data(), grads.data(), tail_begin, 0, true});
+      } else {
+        // One range per run of parameters that are sharded (counted) or replicated (not).
+        for (auto const& e : params) {
+          bool const counted = e.p->sharded();
+          if (!owned.empty() && owned.back().in_norm == counted &&
+              owned.back().values + owned.back().count == values.data() + e.offset)
+            owned.back().count += e.p->size();
+          else
+            owned.push_back({values.data() + e.offset, grads.data() + e.offset, e.p->size(),
+                             e.offset, counted});
+        }
+      }
+    }
     if (hold_values)
       add_pieces(value_pieces, 0, flat_size, values.data());
     if (hold_grads)
@@ -247,8 +266,21 @@ public:
     for (std::size_t i = 0; i < params.size(); ++i) {
       std::size_t const b = params[i].offset, e = b + params[i].p->size();
       std::size_t const lo = std::max(b, begin), hi = std::min(e, end);
-      if (lo < hi)
-        dst.push_back({static_cast<std::uint32_t>(i), lo - b, hi - lo, data + (lo - begin)});
+      if (lo >= hi)
+        continue;
+      auto const param = static_cast<std::uint32_t>(i);
+      if (!params[i].p->sharded()) {
+        dst.push_back({param, lo - b, hi - lo, data + (lo - begin)});
+        continue;
+      }
+      // A shard of a larger tensor (tensor parallel): its runs say where its elements are in
+      // the logical tensor.
+      params[i].p->for_each_run([&](nn::shard_run const& r) {
+        std::size_t const rb = b + r.offset, re = rb + r.count;
+        std::size_t const l2 = std::max(rb, lo), h2 = std::min(re, hi);
+        if (l2 < h2)
+          dst.push_back({param, r.first + (l2 - rb), h2 - l2, data + (l2 - begin)});
+      });
     }
   }
 
@@ -335,6 +367,7 @@ public:
     c.seed = seed;
     c.training = training;
     c.recompute = o.recompute();
+    c.tp = tp;
     return c;
   }
 

@@ -115,6 +115,9 @@ struct plan_descriptor {
     std::size_t boundaries[64] = {}; // explicit: first layer of each stage
     std::size_t boundary_count = 0;
   } pipeline{};
+  struct tensor_parallel_desc {
+    bool enabled = false;
+  } tensor_parallel{};
   struct sharded_desc {
     bool enabled = false;
     int stage = 0;
@@ -279,6 +282,18 @@ struct sharded {
   }
 };
 
+/// Tensor parallel (Megatron) over the mesh's tp axis: layers written against the
+/// tensor-parallel layers (nn/tensor_parallel.hpp) split their weights over the axis; the
+/// trainer gives them the group (model_builder::tp() at build, layer_context::tp at run) and
+/// counts replicated parameters once in the gradient norm. No options yet.
+template <class... Options>
+struct tensor_parallel {
+  static_assert(sizeof...(Options) == 0,
+                "strata: tensor_parallel<...> takes no options yet: write tensor_parallel<>");
+  static constexpr bool names_micro_batches = false;
+  static constexpr void lower(plan_descriptor& d) noexcept { d.tensor_parallel.enabled = true; }
+};
+
 namespace detail {
 template <class T>
 struct is_schedule : std::false_type {};
@@ -396,8 +411,14 @@ template <class... Os>
 struct is_sharded<sharded<Os...>> : std::true_type {};
 
 template <class T>
-inline constexpr bool is_plan_option_v = is_micro_batches<T>::value || is_data_parallel<T>::value ||
-                                         is_pipeline_parallel<T>::value || is_sharded<T>::value;
+struct is_tensor_parallel : std::false_type {};
+template <class... Os>
+struct is_tensor_parallel<tensor_parallel<Os...>> : std::true_type {};
+
+template <class T>
+inline constexpr bool is_plan_option_v =
+    is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
+    is_pipeline_parallel<T>::value || is_sharded<T>::value;
 
 template <class T>
 inline constexpr std::size_t micro_batch_mentions = [] {
@@ -420,13 +441,22 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
 } // namespace detail
 
 /// The plan: options in any order, each at most once. plan<> trains on one rank.
-/// Options: data_parallel<...> or sharded<...>, pipeline_parallel<...>, micro_batches<M>
+/// Options: data_parallel<...> or sharded<...>, tensor_parallel<>, pipeline_parallel<...>,
+/// micro_batches<M>
 /// (gradient accumulation without a strategy, or beside one that does not name it).
 template <class... Options>
 struct plan {
   static_assert((detail::is_plan_option_v<Options> && ...),
                 "strata: plan<...> got an option it does not know: the options are "
-                "data_parallel<...>, sharded<...>, pipeline_parallel<...> and micro_batches<M>");
+                "data_parallel<...>, sharded<...>, tensor_parallel<>, pipeline_parallel<...> and "
+                "micro_batches<M>");
+  static_assert(detail::count_v<detail::is_tensor_parallel, Options...> <= 1,
+                "strata: plan<...> names tensor_parallel twice: give it once");
+  static_assert(detail::count_v<detail::is_tensor_parallel, Options...> == 0 ||
+                    detail::count_v<detail::is_sharded, Options...> == 0,
+                "strata: tensor_parallel with sharded is not built yet (the shards would count "
+                "replicated parameters in the norm once per tp rank): use data_parallel with "
+                "tensor_parallel for now");
   static_assert(detail::count_v<detail::is_sharded, Options...> <= 1,
                 "strata: plan<...> names sharded twice: give it once");
   static_assert(detail::count_v<detail::is_sharded, Options...> == 0 ||

@@ -14,12 +14,15 @@
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
 #include <strata/engine/trace.hpp>
+#include <strata/nn/context.hpp>
 #include <strata/nn/parameter.hpp>
+#include <strata/nn/tensor_parallel.hpp>
 #include <strata/parallel/data_parallel.hpp>
 #include <strata/parallel/partition.hpp>
 #include <strata/parallel/pipeline.hpp>
 #include <strata/parallel/plan.hpp>
 #include <strata/parallel/sharded.hpp>
+#include <strata/parallel/tensor_parallel.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -80,7 +83,8 @@ public:
       : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(
                                           options_.label.empty() ? "rank 0" : options_.label)) {
     static_assert(!Plan::descriptor().data_parallel.enabled &&
-                      !Plan::descriptor().pipeline.enabled && !Plan::descriptor().sharded.enabled,
+                      !Plan::descriptor().pipeline.enabled && !Plan::descriptor().sharded.enabled &&
+                      !Plan::descriptor().tensor_parallel.enabled,
                   "strata: a plan with data_parallel, sharded or pipeline_parallel needs a mesh: "
                   "construct the trainer with trainer(mesh, model, optimizer, options)");
     init(model, std::move(optimizer));
@@ -106,7 +110,8 @@ public:
     };
     if (!d.data_parallel.enabled && !d.sharded.enabled)
       axis("dp", shape.dp, "data_parallel<...> or sharded<...>");
-    axis("tp", shape.tp, "tensor_parallel (not built yet)");
+    if (!d.tensor_parallel.enabled)
+      axis("tp", shape.tp, "tensor_parallel<>");
     if (!d.pipeline.enabled)
       axis("pp", shape.pp, "pipeline_parallel<...>");
     if constexpr (d.pipeline.enabled) {
@@ -124,6 +129,12 @@ public:
       passes_.push_back(std::make_unique<parallel::pipeline_pass<T, C>>(
           mesh.pp(), d.pipeline,
           options_.micro_batches ? options_.micro_batches : d.micro_batches));
+    }
+    if constexpr (d.tensor_parallel.enabled) {
+      auto ops = std::make_unique<nn::tp_ops_of<C>>(mesh.tp());
+      tp_group_ = ops->group();
+      tp_ops_ = std::move(ops);
+      passes_.push_back(std::make_unique<parallel::tensor_parallel_pass<T, C>>(mesh.tp()));
     }
     if constexpr (d.data_parallel.enabled)
       passes_.push_back(
@@ -263,6 +274,8 @@ private:
       // Describe the whole model once (no storage: deferred), split it into p * v stages,
       // then build again keeping this rank's layers only.
       engine::model_builder<T> all([](std::size_t) { return false; });
+      if (tp_ops_)
+        all.set_tp(&tp_group_);
       {
         nn::deferred_parameters deferred;
         model.build(all);
@@ -291,6 +304,10 @@ private:
       keep = [mine](std::size_t l) { return l < mine.size() && mine[l]; };
     }
     engine::model_builder<T> b(keep);
+    if (tp_ops_) {
+      b.set_tp(&tp_group_);
+      state_.tp = &tp_group_;
+    }
     {
       nn::deferred_parameters deferred;
       model.build(b);
@@ -346,6 +363,8 @@ private:
   pipeline_info pipeline_{};
   std::vector<std::size_t> stage_first_; // the first layer of each stage (pipelines)
   std::unique_ptr<memory_ledger> ledger_;
+  std::unique_ptr<nn::tp_ops> tp_ops_; // the tp group's collectives (tensor parallel)
+  nn::tp_group tp_group_{};
   std::size_t micro_batches_ = 1;
   std::size_t optimizer_bytes_ = 0;
   engine::state<T> state_;
