@@ -91,6 +91,14 @@ using plan = st::plan<st::sharded<st::zero<4>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
+#elif STRATA_CASE == 10 // tensor parallel with ZeRO (not built yet)
+#ifdef STRATA_TWIN
+using plan = st::plan<st::data_parallel<>, st::tensor_parallel<>>;
+#else
+using plan = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<>>;
+#endif
+constexpr auto d = plan::descriptor();
+
 #endif
 
 int main() {
