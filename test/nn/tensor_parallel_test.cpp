@@ -3,8 +3,8 @@
 // backward, shard initialisation, the column -> gelu -> row block, divisibility errors.
 #include "../support/seed.hpp"
 #include "gradcheck.hpp"
+#include "tp_support.hpp"
 
-#include <strata/comm/local.hpp>
 #include <strata/core/error.hpp>
 #include <strata/nn/activation.hpp>
 #include <strata/nn/layer.hpp>
@@ -21,9 +21,9 @@
 #include <vector>
 
 namespace nn = strata::nn;
-namespace local = strata::comm::local;
 using nn::test::randomize;
 using nn::test::rel_error;
+using namespace strata::nn::test::tp;
 
 static_assert(nn::layer<nn::column_parallel_linear<double>>);
 static_assert(nn::layer<nn::column_parallel_linear<float>>);
@@ -33,56 +33,6 @@ static_assert(nn::layer<nn::row_parallel_linear<float>>);
 static_assert(nn::layer<nn::row_parallel_linear<strata::bf16>>);
 
 namespace {
-
-constexpr double tolerance = 1e-12; // f64, relative, per tensor
-
-using vec = std::vector<double>;
-
-/// A rows x cols matrix's columns [c0, c0 + n) as a contiguous rows x n one.
-vec columns(vec const& m, std::size_t cols, std::size_t c0, std::size_t n) {
-  std::size_t const rows = m.size() / cols;
-  vec out(rows * n);
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t j = 0; j < n; ++j)
-      out[r * n + j] = m[r * cols + c0 + j];
-  return out;
-}
-
-/// The positions of a shard within its full tensor, taken from its runs.
-template <class P>
-vec shard_of(P const& p, std::span<double const> full) {
-  vec out(p.size());
-  p.for_each_run([&](nn::shard_run const& r) {
-    for (std::size_t i = 0; i < r.count; ++i)
-      out[r.offset + i] = full[r.first + i];
-  });
-  return out;
-}
-
-std::span<double const> cspan(vec const& v) {
-  return {v.data(), v.size()};
-}
-template <class P>
-std::span<double const> grads_of(P& p) {
-  return {p.grads().data(), p.grads().size()};
-}
-template <class P>
-std::span<double const> values_of(P& p) {
-  return {p.values().data(), p.values().size()};
-}
-
-void check_close(std::span<double const> got, std::span<double const> want, std::string const& what,
-                 int tp, bool exact) {
-  STRATA_CHECK_MSG(got.size() == want.size(), what + ": sizes differ");
-  if (exact) { // tp = 1: nn::linear bit for bit
-    for (std::size_t i = 0; i < got.size(); ++i)
-      STRATA_CHECK_MSG(got[i] == want[i], what + " differs at " + std::to_string(i) + " at tp = 1");
-    return;
-  }
-  double const e = rel_error(got, want);
-  STRATA_CHECK_MSG(e <= tolerance, what + ": relative error " + std::to_string(e) +
-                                       " at tp = " + std::to_string(tp));
-}
 
 /// Makes the reference's parameters random (non-zero bias) and copies them into the shards.
 template <class Ref, class Par>
@@ -120,124 +70,109 @@ struct sizes {
 // Column-parallel, with and without gathering the output.
 void column_case(int tp, bool gather) {
   sizes const s;
-  local::run(tp, [&](auto& comm) {
-    nn::tp_ops_of ops(comm);
-    nn::tp_group g = ops.group();
-    nn::layer_context ctx;
-    ctx.batch = 2;
-    ctx.seq = 3;
-    ctx.tp = &g;
-    int const rank = comm.rank();
-    bool const exact = tp == 1;
+  on_ranks(
+      tp, batch_ctx(2, 3), [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+        bool const exact = tp == 1;
 
-    nn::linear<double> ref("mlp.fc", s.in, s.out);
-    nn::column_parallel_linear<double> par("mlp.fc", s.in, s.out, &g, {.gather_output = gather});
-    std::size_t const lo = s.out / static_cast<std::size_t>(tp);
-    STRATA_CHECK(par.in_features() == s.in);
-    STRATA_CHECK(par.out_features() == (gather ? s.out : lo));
-    STRATA_CHECK(par.weight().shape()[0] == lo && par.weight().shape()[1] == s.in);
-    STRATA_CHECK(par.bias().size() == lo);
-    check_init(ref, par, strata::test::seed());
-    share_parameters(ref, par, "col");
+        nn::linear<double> ref("mlp.fc", s.in, s.out);
+        nn::column_parallel_linear<double> par("mlp.fc", s.in, s.out, &g,
+                                               {.gather_output = gather});
+        std::size_t const lo = s.out / static_cast<std::size_t>(tp);
+        STRATA_CHECK(par.in_features() == s.in);
+        STRATA_CHECK(par.out_features() == (gather ? s.out : lo));
+        STRATA_CHECK(par.weight().shape()[0] == lo && par.weight().shape()[1] == s.in);
+        STRATA_CHECK(par.bias().size() == lo);
+        check_init(ref, par, strata::test::seed());
+        share_parameters(ref, par, "col");
 
-    vec x(s.rows * s.in), dyfull(s.rows * s.out);
-    randomize(std::span<double>(x), "tp.col.x");
-    randomize(std::span<double>(dyfull), "tp.col.dy");
-    vec yref(s.rows * s.out), dxref(s.rows * s.in);
-    nn::linear<double>::saved_type rs;
-    ref.forward(ctx, {x.data(), {s.rows, s.in}}, {yref.data(), {s.rows, s.out}}, rs);
-    nn::layer_context rctx = ctx;
-    rctx.tp = nullptr;
-    ref.backward(rctx, {x.data(), {s.rows, s.in}}, rs, {dyfull.data(), {s.rows, s.out}},
-                 {dxref.data(), {s.rows, s.in}});
+        vec x(s.rows * s.in), dyfull(s.rows * s.out);
+        randomize(std::span<double>(x), "tp.col.x");
+        randomize(std::span<double>(dyfull), "tp.col.dy");
+        vec yref(s.rows * s.out), dxref(s.rows * s.in);
+        nn::linear<double>::saved_type rs;
+        ref.forward(ctx, {x.data(), {s.rows, s.in}}, {yref.data(), {s.rows, s.out}}, rs);
+        nn::layer_context rctx = ctx;
+        rctx.tp = nullptr;
+        ref.backward(rctx, {x.data(), {s.rows, s.in}}, rs, {dyfull.data(), {s.rows, s.out}},
+                     {dxref.data(), {s.rows, s.in}});
 
-    std::size_t const yo = par.out_features();
-    vec y(s.rows * yo), dx(s.rows * s.in);
-    vec dy = gather ? dyfull : columns(dyfull, s.out, static_cast<std::size_t>(rank) * lo, lo);
-    decltype(par)::saved_type ps;
-    for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
-      nn::zero_grad(par);
-      par.forward(ctx, {x.data(), {s.rows, s.in}}, {y.data(), {s.rows, yo}}, ps);
-      par.backward(ctx, {x.data(), {s.rows, s.in}}, ps, {dy.data(), {s.rows, yo}},
-                   {dx.data(), {s.rows, s.in}});
-      std::string const tag = "column tp=" + std::to_string(tp) + (gather ? " gathered " : " ");
-      vec const ywant =
-          gather ? yref : columns(yref, s.out, static_cast<std::size_t>(rank) * lo, lo);
-      check_close(cspan(y), cspan(ywant), tag + "y", tp, exact);
-      check_close(cspan(dx), cspan(dxref), tag + "dx", tp, exact);
-      check_close(grads_of(par.weight()), cspan(shard_of(par.weight(), grads_of(ref.weight()))),
-                  tag + "dW", tp, exact);
-      check_close(grads_of(par.bias()), cspan(shard_of(par.bias(), grads_of(ref.bias()))),
-                  tag + "db", tp, exact);
-    }
-  });
+        std::size_t const yo = par.out_features();
+        vec y(s.rows * yo), dx(s.rows * s.in);
+        vec dy = gather ? dyfull : columns(dyfull, s.out, static_cast<std::size_t>(rank) * lo, lo);
+        decltype(par)::saved_type ps;
+        for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
+          nn::zero_grad(par);
+          par.forward(ctx, {x.data(), {s.rows, s.in}}, {y.data(), {s.rows, yo}}, ps);
+          par.backward(ctx, {x.data(), {s.rows, s.in}}, ps, {dy.data(), {s.rows, yo}},
+                       {dx.data(), {s.rows, s.in}});
+          std::string const tag = "column tp=" + std::to_string(tp) + (gather ? " gathered " : " ");
+          vec const ywant =
+              gather ? yref : columns(yref, s.out, static_cast<std::size_t>(rank) * lo, lo);
+          check_close(cspan(y), cspan(ywant), tag + "y", tp, exact);
+          check_close(cspan(dx), cspan(dxref), tag + "dx", tp, exact);
+          check_close(grads_of(par.weight()), cspan(shard_of(par.weight(), grads_of(ref.weight()))),
+                      tag + "dW", tp, exact);
+          check_close(grads_of(par.bias()), cspan(shard_of(par.bias(), grads_of(ref.bias()))),
+                      tag + "db", tp, exact);
+        }
+      });
 }
 
 // Row-parallel, with the input already split or split locally.
 void row_case(int tp, bool input_parallel) {
   sizes const s;
-  local::run(tp, [&](auto& comm) {
-    nn::tp_ops_of ops(comm);
-    nn::tp_group g = ops.group();
-    nn::layer_context ctx;
-    ctx.batch = 3;
-    ctx.seq = 2;
-    ctx.tp = &g;
-    int const rank = comm.rank();
-    bool const exact = tp == 1;
+  on_ranks(
+      tp, batch_ctx(3, 2), [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+        bool const exact = tp == 1;
 
-    nn::linear<double> ref("mlp.proj", s.in, s.out);
-    nn::row_parallel_linear<double> par("mlp.proj", s.in, s.out, &g,
-                                        {.input_is_parallel = input_parallel});
-    std::size_t const li = s.in / static_cast<std::size_t>(tp);
-    STRATA_CHECK(par.in_features() == (input_parallel ? li : s.in));
-    STRATA_CHECK(par.out_features() == s.out);
-    STRATA_CHECK(par.weight().shape()[0] == s.out && par.weight().shape()[1] == li);
-    STRATA_CHECK(par.bias().size() == s.out);
-    check_init(ref, par, strata::test::seed() + 1);
-    share_parameters(ref, par, "row");
+        nn::linear<double> ref("mlp.proj", s.in, s.out);
+        nn::row_parallel_linear<double> par("mlp.proj", s.in, s.out, &g,
+                                            {.input_is_parallel = input_parallel});
+        std::size_t const li = s.in / static_cast<std::size_t>(tp);
+        STRATA_CHECK(par.in_features() == (input_parallel ? li : s.in));
+        STRATA_CHECK(par.out_features() == s.out);
+        STRATA_CHECK(par.weight().shape()[0] == s.out && par.weight().shape()[1] == li);
+        STRATA_CHECK(par.bias().size() == s.out);
+        check_init(ref, par, strata::test::seed() + 1);
+        share_parameters(ref, par, "row");
 
-    vec xfull(s.rows * s.in), dy(s.rows * s.out);
-    randomize(std::span<double>(xfull), "tp.row.x");
-    randomize(std::span<double>(dy), "tp.row.dy");
-    vec yref(s.rows * s.out), dxref(s.rows * s.in);
-    nn::linear<double>::saved_type rs;
-    ref.forward(ctx, {xfull.data(), {s.rows, s.in}}, {yref.data(), {s.rows, s.out}}, rs);
-    ref.backward(ctx, {xfull.data(), {s.rows, s.in}}, rs, {dy.data(), {s.rows, s.out}},
-                 {dxref.data(), {s.rows, s.in}});
+        vec xfull(s.rows * s.in), dy(s.rows * s.out);
+        randomize(std::span<double>(xfull), "tp.row.x");
+        randomize(std::span<double>(dy), "tp.row.dy");
+        vec yref(s.rows * s.out), dxref(s.rows * s.in);
+        nn::linear<double>::saved_type rs;
+        ref.forward(ctx, {xfull.data(), {s.rows, s.in}}, {yref.data(), {s.rows, s.out}}, rs);
+        ref.backward(ctx, {xfull.data(), {s.rows, s.in}}, rs, {dy.data(), {s.rows, s.out}},
+                     {dxref.data(), {s.rows, s.in}});
 
-    std::size_t const xi = par.in_features();
-    vec x = input_parallel ? columns(xfull, s.in, static_cast<std::size_t>(rank) * li, li) : xfull;
-    vec y(s.rows * s.out), dx(s.rows * xi);
-    decltype(par)::saved_type ps;
-    for (int rep = 0; rep < 2; ++rep) {
-      nn::zero_grad(par);
-      par.forward(ctx, {x.data(), {s.rows, xi}}, {y.data(), {s.rows, s.out}}, ps);
-      par.backward(ctx, {x.data(), {s.rows, xi}}, ps, {dy.data(), {s.rows, s.out}},
-                   {dx.data(), {s.rows, xi}});
-      std::string const tag =
-          "row tp=" + std::to_string(tp) + (input_parallel ? " " : " split locally ");
-      vec const dxwant =
-          input_parallel ? columns(dxref, s.in, static_cast<std::size_t>(rank) * li, li) : dxref;
-      check_close(cspan(y), cspan(yref), tag + "y", tp, exact);
-      check_close(cspan(dx), cspan(dxwant), tag + "dx", tp, exact);
-      check_close(grads_of(par.weight()), cspan(shard_of(par.weight(), grads_of(ref.weight()))),
-                  tag + "dW", tp, exact);
-      check_close(grads_of(par.bias()), grads_of(ref.bias()), tag + "db", tp, exact);
-    }
-  });
+        std::size_t const xi = par.in_features();
+        vec x =
+            input_parallel ? columns(xfull, s.in, static_cast<std::size_t>(rank) * li, li) : xfull;
+        vec y(s.rows * s.out), dx(s.rows * xi);
+        decltype(par)::saved_type ps;
+        for (int rep = 0; rep < 2; ++rep) {
+          nn::zero_grad(par);
+          par.forward(ctx, {x.data(), {s.rows, xi}}, {y.data(), {s.rows, s.out}}, ps);
+          par.backward(ctx, {x.data(), {s.rows, xi}}, ps, {dy.data(), {s.rows, s.out}},
+                       {dx.data(), {s.rows, xi}});
+          std::string const tag =
+              "row tp=" + std::to_string(tp) + (input_parallel ? " " : " split locally ");
+          vec const dxwant = input_parallel
+                                 ? columns(dxref, s.in, static_cast<std::size_t>(rank) * li, li)
+                                 : dxref;
+          check_close(cspan(y), cspan(yref), tag + "y", tp, exact);
+          check_close(cspan(dx), cspan(dxwant), tag + "dx", tp, exact);
+          check_close(grads_of(par.weight()), cspan(shard_of(par.weight(), grads_of(ref.weight()))),
+                      tag + "dW", tp, exact);
+          check_close(grads_of(par.bias()), grads_of(ref.bias()), tag + "db", tp, exact);
+        }
+      });
 }
 
 // The MLP block: column -> gelu -> row against linear -> gelu -> linear.
 void mlp_case(int tp) {
   std::size_t const rows = 5, d = 8, h = 16;
-  local::run(tp, [&](auto& comm) {
-    nn::tp_ops_of ops(comm);
-    nn::tp_group g = ops.group();
-    nn::layer_context ctx;
-    ctx.batch = 1;
-    ctx.seq = rows;
-    ctx.tp = &g;
+  on_ranks(tp, batch_ctx(1, rows), [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int) {
     bool const exact = tp == 1;
     std::size_t const hl = h / static_cast<std::size_t>(tp);
 
@@ -289,25 +224,6 @@ void mlp_case(int tp) {
     check_close(grads_of(pproj.bias()), grads_of(proj.bias()), tag + "proj db", tp, exact);
   });
 }
-
-/// Collectives that must never run: construction alone is checked with it.
-struct no_collectives final : nn::tp_ops {
-  [[noreturn]] static void fail() { throw std::logic_error("no_collectives: a collective ran"); }
-  void all_reduce_sum(std::span<float>) override { fail(); }
-  void all_reduce_sum(std::span<double>) override { fail(); }
-  void all_reduce_sum(std::span<strata::f16>) override { fail(); }
-  void all_reduce_sum(std::span<strata::bf16>) override { fail(); }
-  void all_gather(std::span<float const>, std::span<float>) override { fail(); }
-  void all_gather(std::span<double const>, std::span<double>) override { fail(); }
-  void all_gather(std::span<strata::f16 const>, std::span<strata::f16>) override { fail(); }
-  void all_gather(std::span<strata::bf16 const>, std::span<strata::bf16>) override { fail(); }
-  void reduce_scatter_sum(std::span<float const>, std::span<float>) override { fail(); }
-  void reduce_scatter_sum(std::span<double const>, std::span<double>) override { fail(); }
-  void reduce_scatter_sum(std::span<strata::f16 const>, std::span<strata::f16>) override { fail(); }
-  void reduce_scatter_sum(std::span<strata::bf16 const>, std::span<strata::bf16>) override {
-    fail();
-  }
-};
 
 } // namespace
 
@@ -495,11 +411,7 @@ TEST_CASE("bf16 storage: column -> row at tp = 2 is close to the f64 block", "[t
   fc.backward(ctx, {x.data(), {rows, d}}, s, {dhid.data(), {rows, h}}, {dxref.data(), {rows, d}});
 
   std::vector<std::vector<double>> ys(2), dxs(2);
-  local::run(2, [&](auto& comm) {
-    nn::tp_ops_of ops(comm);
-    nn::tp_group g = ops.group();
-    nn::layer_context c = ctx;
-    c.tp = &g;
+  on_ranks(2, ctx, [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& c, int rank) {
     using B = strata::bf16;
     nn::column_parallel_linear<B> pfc("b.fc", d, h, &g);
     nn::row_parallel_linear<B> pproj("b.proj", h, d, &g);
@@ -513,7 +425,7 @@ TEST_CASE("bf16 storage: column -> row at tp = 2 is close to the f64 block", "[t
     pproj.forward(c, {p.data(), {rows, hl}}, {y.data(), {rows, d}}, u);
     pproj.backward(c, {p.data(), {rows, hl}}, u, {dyb.data(), {rows, d}}, {dp.data(), {rows, hl}});
     pfc.backward(c, {xb.data(), {rows, d}}, t, {dp.data(), {rows, hl}}, {dx.data(), {rows, d}});
-    auto const r = static_cast<std::size_t>(comm.rank());
+    auto const r = static_cast<std::size_t>(rank);
     for (std::size_t i = 0; i < y.size(); ++i) {
       ys[r].push_back(strata::element_traits<B>::to_compute(y[i]));
       dxs[r].push_back(strata::element_traits<B>::to_compute(dx[i]));

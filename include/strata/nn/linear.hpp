@@ -32,6 +32,35 @@ void check_act(V const& v, std::size_t rows, std::size_t cols, std::string const
   if (v.stride(1) != 1)
     throw shape_error("strata: " + who + ": " + what + " must have contiguous rows");
 }
+
+/// linear's forward product: y[r, j] = b[j] when b is not null, then y[r, j] (+)= sum_p x[r, p]
+/// W[j, p], W [n, k], in C through the packed GEMM. x and y have row strides sx and sy.
+template <class C, class T>
+void affine_forward(std::size_t rows, std::size_t n, std::size_t k, T const* x, std::size_t sx,
+                    T const* w, T const* b, T* y, std::size_t sy) {
+  if (b != nullptr)
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < n; ++j)
+        y[r * sy + j] = b[j];
+  gemm<C>(rows, n, k, x, sx, 1, w, 1, k, y, sy, b != nullptr);
+}
+
+/// linear's bias gradient: db[j] += sum_r dy[r, j] (row stride sdy), the column sums in C in
+/// `colsum`, then added to db once.
+template <class C, class T>
+void add_bias_grad(T const* dy, std::size_t sdy, std::size_t rows, std::size_t n, T* db,
+                   workspace<C>& colsum) {
+  C* s = colsum.get(1, n).data();
+  for (std::size_t j = 0; j < n; ++j)
+    s[j] = C{0};
+  for (std::size_t r = 0; r < rows; ++r) {
+    T const* d = dy + r * sdy;
+    for (std::size_t j = 0; j < n; ++j)
+      s[j] += to_compute_value<C>(d[j]);
+  }
+  for (std::size_t j = 0; j < n; ++j)
+    db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + s[j]);
+}
 } // namespace detail
 
 /// A fully connected layer. Parameters "<name>.weight" [out, in] (normal 0.02) and, when
@@ -71,16 +100,8 @@ public:
     std::size_t const rows = x.extent(0);
     detail::check_act(x, rows, in_, name_, "the input");
     detail::check_act(y, rows, out_, name_, "the output");
-    T const* w = weight_.value().data();
-    if (has_bias_) {
-      T const* b = bias_.value().data();
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t j = 0; j < out_; ++j)
-          y(r, j) = b[j];
-    }
-    // y[r, j] (+)= sum_p x[r, p] W[j, p]
-    detail::gemm<C>(rows, out_, in_, x.data(), x.stride(0), 1, w, 1, in_, y.data(), y.stride(0),
-                    has_bias_);
+    detail::affine_forward<C>(rows, out_, in_, x.data(), x.stride(0), weight_.value().data(),
+                              has_bias_ ? bias_.value().data() : nullptr, y.data(), y.stride(0));
   }
 
   void backward(layer_context const&, tensor_view<T const> x, saved_type const&,
@@ -91,19 +112,8 @@ public:
     // dW[j, p] += sum_r dy[r, j] x[r, p]
     detail::gemm<C>(out_, in_, rows, dy.data(), 1, dy.stride(0), x.data(), x.stride(0), 1,
                     weight_.grad().data(), in_, true);
-    if (has_bias_) {
-      C* s = colsum_.get(1, out_).data();
-      for (std::size_t j = 0; j < out_; ++j)
-        s[j] = C{0};
-      for (std::size_t r = 0; r < rows; ++r) {
-        T const* d = dy.data() + r * dy.stride(0);
-        for (std::size_t j = 0; j < out_; ++j)
-          s[j] += detail::to_compute_value<C>(d[j]);
-      }
-      T* db = bias_.grad().data();
-      for (std::size_t j = 0; j < out_; ++j)
-        db[j] = detail::from_compute_value<T>(detail::to_compute_value<C>(db[j]) + s[j]);
-    }
+    if (has_bias_)
+      detail::add_bias_grad<C>(dy.data(), dy.stride(0), rows, out_, bias_.grad().data(), colsum_);
     if (dx.data() != nullptr) {
       detail::check_act(dx, rows, in_, name_, "the input gradient");
       // dx[r, p] = sum_j dy[r, j] W[j, p]

@@ -143,23 +143,6 @@ void tp_gather_columns(tp_ops& ops, T const* local, std::size_t rows, std::size_
     }
 }
 
-/// db[j] += sum_r dy[r, j] over a rows x n block of dy (row stride sdy), summed in C as
-/// nn::linear does.
-template <class C, class T>
-void tp_bias_grad(T const* dy, std::size_t sdy, std::size_t rows, std::size_t n, T* db,
-                  workspace<C>& colsum) {
-  C* s = colsum.get(1, n).data();
-  for (std::size_t j = 0; j < n; ++j)
-    s[j] = C{0};
-  for (std::size_t r = 0; r < rows; ++r) {
-    T const* d = dy + r * sdy;
-    for (std::size_t j = 0; j < n; ++j)
-      s[j] += to_compute_value<C>(d[j]);
-  }
-  for (std::size_t j = 0; j < n; ++j)
-    db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + s[j]);
-}
-
 } // namespace detail
 
 /// Options of column_parallel_linear.
@@ -220,15 +203,8 @@ public:
     // The local product: straight into y, or into a contiguous block to gather from.
     T* yl = gather ? ylocal_.get(rows, local_out_).data() : y.data();
     std::size_t const syl = gather ? local_out_ : y.stride(0);
-    T const* w = weight_.value().data();
-    if (has_bias_) {
-      T const* b = bias_.value().data();
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t j = 0; j < local_out_; ++j)
-          yl[r * syl + j] = b[j];
-    }
-    // y[r, j] (+)= sum_p x[r, p] W[j, p]
-    detail::gemm<C>(rows, local_out_, in_, x.data(), x.stride(0), 1, w, 1, in_, yl, syl, has_bias_);
+    detail::affine_forward<C>(rows, local_out_, in_, x.data(), x.stride(0), weight_.value().data(),
+                              has_bias_ ? bias_.value().data() : nullptr, yl, syl);
     if (gather)
       detail::tp_gather_columns(*ops, yl, rows, local_out_, tp_, y, gathered_);
   }
@@ -246,7 +222,7 @@ public:
     detail::gemm<C>(local_out_, in_, rows, d, 1, sd, x.data(), x.stride(0), 1,
                     weight_.grad().data(), in_, true);
     if (has_bias_)
-      detail::tp_bias_grad<C>(d, sd, rows, local_out_, bias_.grad().data(), colsum_);
+      detail::add_bias_grad<C>(d, sd, rows, local_out_, bias_.grad().data(), colsum_);
     if (dx.data() != nullptr) {
       detail::check_act(dx, rows, in_, name_, "the input gradient");
       // dx[r, p] = sum_j dy[r, j] W[j, p]: a partial sum over this rank's output features
@@ -338,14 +314,8 @@ public:
     T const* xl = local_input(x);
     T const* w = weight_.value().data();
     if (ops == nullptr) { // nn::linear's order: y = b, then y += x W^T
-      if (has_bias_) {
-        T const* b = bias_.value().data();
-        for (std::size_t r = 0; r < rows; ++r)
-          for (std::size_t j = 0; j < out_; ++j)
-            y(r, j) = b[j];
-      }
-      detail::gemm<C>(rows, out_, local_in_, xl, x.stride(0), 1, w, 1, local_in_, y.data(),
-                      y.stride(0), has_bias_);
+      detail::affine_forward<C>(rows, out_, local_in_, xl, x.stride(0), w,
+                                has_bias_ ? bias_.value().data() : nullptr, y.data(), y.stride(0));
       return;
     }
     // y = sum over ranks of x_local W_local^T, then + b once
@@ -372,7 +342,7 @@ public:
     detail::gemm<C>(out_, local_in_, rows, dy.data(), 1, dy.stride(0), xl, x.stride(0), 1,
                     weight_.grad().data(), local_in_, true);
     if (has_bias_)
-      detail::tp_bias_grad<C>(dy.data(), dy.stride(0), rows, out_, bias_.grad().data(), colsum_);
+      detail::add_bias_grad<C>(dy.data(), dy.stride(0), rows, out_, bias_.grad().data(), colsum_);
     if (dx.data() == nullptr)
       return;
     detail::check_act(dx, rows, in_features(), name_, "the input gradient");

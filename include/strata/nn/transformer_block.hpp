@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstddef>
 #include <string>
+#include <type_traits>
 
 namespace strata::nn {
 
@@ -25,6 +26,69 @@ struct block_options {
   double dropout = 0.0;     // residual dropout after attn.proj and mlp.proj
   std::size_t n_layers = 0; // > 0: GPT-2's residual scaling, proj std 0.02 / sqrt(2 n_layers)
 };
+
+namespace detail {
+
+/// GPT-2's residual scaling of the output projections: std 0.02 / sqrt(2 n_layers).
+inline init_rule block_proj_rule(block_options const& o) {
+  return {init_rule::kind::normal,
+          o.n_layers > 0 ? 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layers)) : 0.02};
+}
+
+/// y += x elementwise, in C (the residual connection).
+template <class C, class T>
+void residual_add(tensor_view<T> y, std::type_identity_t<tensor_view<T const>> x) {
+  for (std::size_t r = 0; r < y.extent(0); ++r)
+    for (std::size_t j = 0; j < y.extent(1); ++j)
+      y(r, j) = from_compute_value<T>(to_compute_value<C>(y(r, j)) + to_compute_value<C>(x(r, j)));
+}
+
+/// The pre-LN block's forward around its MLP: x1 = x + drop1(attn(ln1(x))), then y = x1 +
+/// drop2(m) with ff(h2, m) writing m = mlp(h2 = ln2(x1)). The rows x d activations h1, a, x1,
+/// h2, m and the parts' saved state (ln1, attn, drop1, ln2, drop2) live in s.
+template <class C, class T, class S, class LN, class Attn, class Drop, class FF>
+void pre_ln_block_forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, S& s,
+                          std::size_t d, LN& ln1, Attn& attn, LN& ln2, Drop& drop1, Drop& drop2,
+                          FF&& ff) {
+  std::size_t const rows = x.extent(0);
+  auto h1 = s.h1.get(rows, d);
+  auto a = s.a.get(rows, d);
+  auto x1 = s.x1.get(rows, d);
+  auto h2 = s.h2.get(rows, d);
+  auto m = s.m.get(rows, d);
+  ln1.forward(ctx, x, h1, s.ln1);
+  attn.forward(ctx, h1, a, s.attn);
+  drop1.forward(ctx, a, x1, s.drop1);
+  residual_add<C>(x1, x);
+  ln2.forward(ctx, x1, h2, s.ln2);
+  ff(h2, m);
+  drop2.forward(ctx, m, y, s.drop2);
+  residual_add<C>(y, x1);
+}
+
+/// pre_ln_block_forward's backward, with ff(t, u) writing u = dh2 from t = dm (rows x d
+/// workspaces t, u, dx1).
+template <class C, class T, class S, class LN, class Attn, class Drop, class FF>
+void pre_ln_block_backward(layer_context const& ctx, tensor_view<T const> x, S const& s,
+                           tensor_view<T const> dy, tensor_view<T> dx, std::size_t d, LN& ln1,
+                           Attn& attn, LN& ln2, Drop& drop1, Drop& drop2, workspace<T>& tw,
+                           workspace<T>& uw, workspace<T>& dx1w, FF&& ff) {
+  std::size_t const rows = x.extent(0);
+  auto t = tw.get(rows, d);
+  auto u = uw.get(rows, d);
+  auto dx1 = dx1w.get(rows, d);
+  drop2.backward(ctx, s.m.view(rows, d), s.drop2, dy, t);  // t = dm
+  ff(t, u);                                                // u = dh2
+  ln2.backward(ctx, s.x1.view(rows, d), s.ln2, u, dx1);    // dx1 = via ln2
+  residual_add<C>(dx1, dy);                                // + residual
+  drop1.backward(ctx, s.a.view(rows, d), s.drop1, dx1, t); // t = da
+  attn.backward(ctx, s.h1.view(rows, d), s.attn, t, u);    // u = dh1
+  ln1.backward(ctx, x, s.ln1, u, dx);                      // dx = via ln1
+  if (dx.data() != nullptr)
+    residual_add<C>(dx, dx1); // + residual
+}
+
+} // namespace detail
 
 /// y = x1 + drop(mlp(ln2(x1))), x1 = x + drop(attn(ln1(x))). Children are "<name>.ln1",
 /// "<name>.attn", "<name>.ln2", "<name>.mlp" (so "blocks.3.attn.qkv.weight").
@@ -44,8 +108,10 @@ public:
 
   transformer_block(std::string name, block_options o)
       : name_(std::move(name)), d_(o.features), ln1_(name_ + ".ln1", o.features),
-        attn_(name_ + ".attn", o.features, o.heads, proj_rule(o)), ln2_(name_ + ".ln2", o.features),
-        mlp_(name_ + ".mlp", o.features, o.hidden ? o.hidden : 4 * o.features, proj_rule(o)),
+        attn_(name_ + ".attn", o.features, o.heads, detail::block_proj_rule(o)),
+        ln2_(name_ + ".ln2", o.features),
+        mlp_(name_ + ".mlp", o.features, o.hidden ? o.hidden : 4 * o.features,
+             detail::block_proj_rule(o)),
         drop1_(name_ + ".attn.drop", o.features, o.dropout),
         drop2_(name_ + ".mlp.drop", o.features, o.dropout) {}
 
@@ -62,51 +128,19 @@ public:
   }
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
-    std::size_t const rows = x.extent(0);
-    auto h1 = s.h1.get(rows, d_);
-    auto a = s.a.get(rows, d_);
-    auto x1 = s.x1.get(rows, d_);
-    auto h2 = s.h2.get(rows, d_);
-    auto m = s.m.get(rows, d_);
-    ln1_.forward(ctx, x, h1, s.ln1);
-    attn_.forward(ctx, h1, a, s.attn);
-    drop1_.forward(ctx, a, x1, s.drop1);
-    add_into(x1, x);
-    ln2_.forward(ctx, x1, h2, s.ln2);
-    mlp_.forward(ctx, h2, m, s.ff);
-    drop2_.forward(ctx, m, y, s.drop2);
-    add_into(y, x1);
+    detail::pre_ln_block_forward<C>(ctx, x, y, s, d_, ln1_, attn_, ln2_, drop1_, drop2_,
+                                    [&](auto h2, auto m) { mlp_.forward(ctx, h2, m, s.ff); });
   }
 
   void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
     std::size_t const rows = x.extent(0);
-    auto t = t_.get(rows, d_);
-    auto u = u_.get(rows, d_);
-    auto dx1 = dx1_.get(rows, d_);
-    drop2_.backward(ctx, s.m.view(rows, d_), s.drop2, dy, t);  // t = dm
-    mlp_.backward(ctx, s.h2.view(rows, d_), s.ff, t, u);       // u = dh2
-    ln2_.backward(ctx, s.x1.view(rows, d_), s.ln2, u, dx1);    // dx1 = via ln2
-    add_into(dx1, dy);                                         // + residual
-    drop1_.backward(ctx, s.a.view(rows, d_), s.drop1, dx1, t); // t = da
-    attn_.backward(ctx, s.h1.view(rows, d_), s.attn, t, u);    // u = dh1
-    ln1_.backward(ctx, x, s.ln1, u, dx);                       // dx = via ln1
-    if (dx.data() != nullptr)
-      add_into(dx, dx1); // + residual
+    detail::pre_ln_block_backward<C>(
+        ctx, x, s, dy, dx, d_, ln1_, attn_, ln2_, drop1_, drop2_, t_, u_, dx1_,
+        [&](auto t, auto u) { mlp_.backward(ctx, s.h2.view(rows, d_), s.ff, t, u); });
   }
 
 private:
-  static init_rule proj_rule(block_options const& o) {
-    return {init_rule::kind::normal,
-            o.n_layers > 0 ? 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layers)) : 0.02};
-  }
-  static void add_into(tensor_view<T> y, tensor_view<T const> x) {
-    for (std::size_t r = 0; r < y.extent(0); ++r)
-      for (std::size_t j = 0; j < y.extent(1); ++j)
-        y(r, j) = detail::from_compute_value<T>(detail::to_compute_value<C>(y(r, j)) +
-                                                detail::to_compute_value<C>(x(r, j)));
-  }
-
   std::string name_;
   std::size_t d_;
   layer_norm<T, C> ln1_;

@@ -1,0 +1,287 @@
+// strata::nn vocabulary parallelism: vocab_parallel_embedding and vocab_parallel_cross_entropy
+// on the local backend (tp = 1, 2, 4 ranks as threads) against nn::embedding and
+// nn::softmax_cross_entropy on the full table and logits: forward, backward, shard
+// initialisation, column_parallel_linear -> vocab-parallel loss, divisibility errors.
+#include "../support/seed.hpp"
+#include "gradcheck.hpp"
+#include "tp_support.hpp"
+
+#include <strata/core/error.hpp>
+#include <strata/nn/cross_entropy.hpp>
+#include <strata/nn/embedding.hpp>
+#include <strata/nn/layer.hpp>
+#include <strata/nn/linear.hpp>
+#include <strata/nn/parameter.hpp>
+#include <strata/nn/tensor_parallel.hpp>
+#include <strata/nn/vocab_parallel.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace nn = strata::nn;
+using nn::test::randomize;
+using nn::test::rel_error;
+using namespace strata::nn::test::tp;
+
+// 16-bit storage compiles (the collectives run in the compute type, float).
+template class strata::nn::vocab_parallel_embedding<strata::bf16>;
+template class strata::nn::vocab_parallel_cross_entropy<strata::bf16>;
+template class strata::nn::vocab_parallel_embedding<strata::f16>;
+
+namespace {
+
+void embedding_case(int tp) {
+  std::size_t const batch = 3, seq = 4, rows = batch * seq, vocab = 16, max_seq = 6, d = 5;
+  on_ranks(tp, batch_ctx(batch, seq),
+           [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+             std::string const tag = "embedding tp=" + std::to_string(tp) + " ";
+
+             nn::embedding<double> ref("emb", vocab, max_seq, d);
+             nn::vocab_parallel_embedding<double> par("emb", vocab, max_seq, d, &g);
+             std::size_t const lv = vocab / static_cast<std::size_t>(tp);
+             STRATA_CHECK(par.vocab() == vocab && par.local_vocab() == lv);
+             STRATA_CHECK(par.vocab_begin() == static_cast<std::size_t>(rank) * lv);
+             STRATA_CHECK(par.out_features() == d);
+             STRATA_CHECK(par.token_weight().shape()[0] == lv &&
+                          par.token_weight().shape()[1] == d);
+             STRATA_CHECK(par.token_weight().sharded() == (tp > 1));
+             STRATA_CHECK(!par.position_weight().sharded());
+
+             // Initialisation from the seed: the shard is the full table's slice, names equal.
+             nn::init_parameters(ref, strata::test::seed());
+             nn::init_parameters(par, strata::test::seed());
+             std::vector<nn::parameter<double>*> rp, pp;
+             ref.for_each_parameter([&](auto& p) { rp.push_back(&p); });
+             par.for_each_parameter([&](auto& p) { pp.push_back(&p); });
+             STRATA_CHECK(rp.size() == 2 && pp.size() == 2);
+             for (std::size_t k = 0; k < 2; ++k) {
+               STRATA_CHECK(rp[k]->name() == pp[k]->name());
+               vec const want = shard_of(*pp[k], values_of(*rp[k]));
+               auto const got = values_of(*pp[k]);
+               for (std::size_t i = 0; i < want.size(); ++i)
+                 STRATA_CHECK_MSG(got[i] == want[i], tag + "init of " + pp[k]->name() +
+                                                         " differs at " + std::to_string(i));
+             }
+
+             // Random tables (not the init), copied into the shards.
+             nn::test::randomize_parameters(ref);
+             for (std::size_t k = 0; k < 2; ++k) {
+               vec const v = shard_of(*pp[k], values_of(*rp[k]));
+               std::copy(v.begin(), v.end(), pp[k]->values().begin());
+             }
+             ids_t const ids = random_ids(rows, vocab, "vp.emb.ids");
+             vec dy(rows * d);
+             randomize(std::span<double>(dy), "vp.emb.dy");
+             vec yref(rows * d);
+             nn::embedding<double>::saved_type rs;
+             nn::layer_context rctx = ctx;
+             rctx.tp = nullptr;
+             ref.forward(rctx, {ids.data(), {rows}}, {yref.data(), {rows, d}}, rs);
+             ref.backward(rctx, {ids.data(), {rows}}, rs, {dy.data(), {rows, d}});
+
+             vec y(rows * d);
+             decltype(par)::saved_type ps;
+             for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
+               nn::zero_grad(par);
+               par.forward(ctx, {ids.data(), {rows}}, {y.data(), {rows, d}}, ps);
+               par.backward(ctx, {ids.data(), {rows}}, ps, {dy.data(), {rows, d}});
+               check_close(cspan(y), cspan(yref), tag + "y", tp);
+               check_close(grads_of(par.token_weight()),
+                           cspan(shard_of(par.token_weight(), grads_of(*rp[0]))), tag + "dwte", tp);
+               check_close(grads_of(par.position_weight()), grads_of(*rp[1]), tag + "dwpe", tp);
+             }
+           });
+}
+
+void cross_entropy_case(int tp) {
+  std::size_t const rows = 7, vocab = 12;
+  on_ranks(tp, batch_ctx(1, rows),
+           [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+             std::string const tag = "cross-entropy tp=" + std::to_string(tp) + " ";
+             std::size_t const lv = vocab / static_cast<std::size_t>(tp);
+             std::size_t const c0 = static_cast<std::size_t>(rank) * lv;
+
+             nn::softmax_cross_entropy<double> ref("loss", vocab);
+             nn::vocab_parallel_cross_entropy<double> par("loss", vocab, &g);
+             STRATA_CHECK(par.in_features() == lv && par.full_in_features() == vocab);
+             STRATA_CHECK(par.class_begin() == c0);
+
+             vec logits(rows * vocab);
+             randomize(std::span<double>(logits), "vp.ce.logits", -4, 4);
+             ids_t const targets = random_ids(rows, vocab, "vp.ce.targets");
+             double const dloss = 1.75;
+             vec dref(rows * vocab);
+             nn::softmax_cross_entropy<double>::saved_type rs;
+             nn::layer_context rctx = ctx;
+             rctx.tp = nullptr;
+             double const lref =
+                 ref.forward(rctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, rs);
+             ref.backward(rctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, rs,
+                          {dref.data(), {rows, vocab}}, dloss);
+
+             vec const mine = columns(logits, vocab, c0, lv);
+             vec d(rows * lv);
+             decltype(par)::saved_type ps;
+             for (int rep = 0; rep < 2; ++rep) {
+               double const l =
+                   par.forward(ctx, {mine.data(), {rows, lv}}, {targets.data(), {rows}}, ps);
+               par.backward(ctx, {mine.data(), {rows, lv}}, {targets.data(), {rows}}, ps,
+                            {d.data(), {rows, lv}}, dloss);
+               check_scalar(l, lref, tag + "loss", tp);
+               check_close(cspan(d), cspan(columns(dref, vocab, c0, lv)), tag + "dlogits", tp);
+             }
+           });
+}
+
+// The output head: column_parallel_linear (no gather) -> vocab-parallel loss against linear ->
+// softmax_cross_entropy.
+void head_case(int tp) {
+  std::size_t const rows = 6, d = 8, vocab = 16;
+  on_ranks(tp, batch_ctx(2, 3), [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int) {
+    std::string const tag = "head tp=" + std::to_string(tp) + " ";
+    std::size_t const lv = vocab / static_cast<std::size_t>(tp);
+
+    nn::linear<double> fc("lm_head", d, vocab);
+    nn::softmax_cross_entropy<double> ce("loss", vocab);
+    nn::column_parallel_linear<double> pfc("lm_head", d, vocab, &g);
+    nn::vocab_parallel_cross_entropy<double> pce("loss", vocab, &g);
+    nn::test::randomize_parameters(fc, 1.0);
+    for (auto [rp, pp] : {std::pair{&fc.weight(), &pfc.weight()}, {&fc.bias(), &pfc.bias()}}) {
+      vec const v = shard_of(*pp, values_of(*rp));
+      std::copy(v.begin(), v.end(), pp->values().begin());
+    }
+    nn::zero_grad(pfc);
+
+    vec x(rows * d);
+    randomize(std::span<double>(x), "vp.head.x");
+    ids_t const targets = random_ids(rows, vocab, "vp.head.targets");
+
+    vec z(rows * vocab), dz(rows * vocab), dxref(rows * d);
+    nn::linear<double>::saved_type s1;
+    nn::softmax_cross_entropy<double>::saved_type s2;
+    nn::layer_context rctx = ctx;
+    rctx.tp = nullptr;
+    fc.forward(rctx, {x.data(), {rows, d}}, {z.data(), {rows, vocab}}, s1);
+    double const lref = ce.forward(rctx, {z.data(), {rows, vocab}}, {targets.data(), {rows}}, s2);
+    ce.backward(rctx, {z.data(), {rows, vocab}}, {targets.data(), {rows}}, s2,
+                {dz.data(), {rows, vocab}});
+    fc.backward(rctx, {x.data(), {rows, d}}, s1, {dz.data(), {rows, vocab}},
+                {dxref.data(), {rows, d}});
+
+    vec p(rows * lv), dp(rows * lv), dx(rows * d);
+    decltype(pfc)::saved_type t1;
+    decltype(pce)::saved_type t2;
+    pfc.forward(ctx, {x.data(), {rows, d}}, {p.data(), {rows, lv}}, t1);
+    double const l = pce.forward(ctx, {p.data(), {rows, lv}}, {targets.data(), {rows}}, t2);
+    pce.backward(ctx, {p.data(), {rows, lv}}, {targets.data(), {rows}}, t2,
+                 {dp.data(), {rows, lv}});
+    pfc.backward(ctx, {x.data(), {rows, d}}, t1, {dp.data(), {rows, lv}}, {dx.data(), {rows, d}});
+
+    check_scalar(l, lref, tag + "loss", tp);
+    check_close(cspan(dx), cspan(dxref), tag + "dx", tp);
+    check_close(grads_of(pfc.weight()), cspan(shard_of(pfc.weight(), grads_of(fc.weight()))),
+                tag + "dW", tp);
+    check_close(grads_of(pfc.bias()), cspan(shard_of(pfc.bias(), grads_of(fc.bias()))), tag + "db",
+                tp);
+  });
+}
+
+} // namespace
+
+TEST_CASE("vocab-parallel embedding equals embedding on the full table", "[tp][vocab]") {
+  for (int tp : {1, 2, 4}) {
+    INFO("tp = " << tp);
+    embedding_case(tp);
+  }
+}
+
+TEST_CASE("vocab-parallel cross-entropy equals softmax_cross_entropy on the full logits",
+          "[tp][vocab]") {
+  for (int tp : {1, 2, 4}) {
+    INFO("tp = " << tp);
+    cross_entropy_case(tp);
+  }
+}
+
+TEST_CASE("column-parallel head -> vocab-parallel loss equals linear -> softmax_cross_entropy",
+          "[tp][vocab]") {
+  for (int tp : {1, 2, 4}) {
+    INFO("tp = " << tp);
+    head_case(tp);
+  }
+}
+
+TEST_CASE("a null tp group is nn::embedding and softmax_cross_entropy, bit for bit, in float",
+          "[tp][vocab]") {
+  std::size_t const rows = 6, vocab = 10, d = 4;
+  nn::layer_context ctx;
+  ctx.seq = rows;
+  nn::embedding<float> e("emb", vocab, rows, d);
+  nn::vocab_parallel_embedding<float> pe("emb", vocab, rows, d);
+  nn::test::randomize_parameters(e);
+  std::vector<nn::parameter<float>*> rp, pp;
+  e.for_each_parameter([&](auto& p) { rp.push_back(&p); });
+  pe.for_each_parameter([&](auto& p) { pp.push_back(&p); });
+  for (std::size_t k = 0; k < 2; ++k) {
+    CHECK_FALSE(pp[k]->sharded());
+    std::copy(rp[k]->values().begin(), rp[k]->values().end(), pp[k]->values().begin());
+  }
+  ids_t const ids = random_ids(rows, vocab, "vp.f32.ids");
+  std::vector<float> dy(rows * d), y1(rows * d), y2(rows * d);
+  randomize(std::span<float>(dy), "vp.f32.dy");
+  nn::embedding<float>::saved_type s1;
+  decltype(pe)::saved_type s2;
+  e.forward(ctx, {ids.data(), {rows}}, {y1.data(), {rows, d}}, s1);
+  pe.forward(ctx, {ids.data(), {rows}}, {y2.data(), {rows, d}}, s2);
+  e.backward(ctx, {ids.data(), {rows}}, s1, {dy.data(), {rows, d}});
+  pe.backward(ctx, {ids.data(), {rows}}, s2, {dy.data(), {rows, d}});
+  CHECK(y1 == y2);
+  for (std::size_t k = 0; k < 2; ++k)
+    CHECK(std::vector<float>(rp[k]->grads().begin(), rp[k]->grads().end()) ==
+          std::vector<float>(pp[k]->grads().begin(), pp[k]->grads().end()));
+
+  nn::softmax_cross_entropy<float> ce("loss", vocab);
+  nn::vocab_parallel_cross_entropy<float> pce("loss", vocab);
+  std::vector<float> z(rows * vocab), d1(rows * vocab), d2(rows * vocab);
+  randomize(std::span<float>(z), "vp.f32.z", -3, 3);
+  nn::softmax_cross_entropy<float>::saved_type c1;
+  decltype(pce)::saved_type c2;
+  float const l1 = ce.forward(ctx, {z.data(), {rows, vocab}}, {ids.data(), {rows}}, c1);
+  float const l2 = pce.forward(ctx, {z.data(), {rows, vocab}}, {ids.data(), {rows}}, c2);
+  ce.backward(ctx, {z.data(), {rows, vocab}}, {ids.data(), {rows}}, c1, {d1.data(), {rows, vocab}},
+              0.5f);
+  pce.backward(ctx, {z.data(), {rows, vocab}}, {ids.data(), {rows}}, c2, {d2.data(), {rows, vocab}},
+               0.5f);
+  CHECK(l1 == l2);
+  CHECK(d1 == d2);
+}
+
+TEST_CASE("vocab-parallel sizes must divide by tp", "[tp][vocab]") {
+  using Catch::Matchers::Contains;
+  // Construction runs no collective: ops that throw if one ever ran.
+  no_collectives none;
+  nn::tp_group g{4, 1, &none};
+  CHECK_THROWS_AS(nn::vocab_parallel_embedding<double>("wte", 50257, 8, 4, &g),
+                  strata::config_error);
+  CHECK_THROWS_WITH(nn::vocab_parallel_embedding<double>("wte", 50257, 8, 4, &g),
+                    Contains("wte") &&
+                        Contains("50257 vocabulary entries do not split over tp = 4") &&
+                        Contains("use a multiple of 4 (e.g. 50260)"));
+  CHECK_THROWS_AS(nn::vocab_parallel_cross_entropy<double>("loss", 50257, &g),
+                  strata::config_error);
+  CHECK_THROWS_WITH(nn::vocab_parallel_cross_entropy<double>("loss", 50257, &g),
+                    Contains("loss") && Contains("50257 classes do not split over tp = 4") &&
+                        Contains("use a multiple of 4"));
+  // The vocabulary only: features and max_seq need not divide.
+  CHECK_NOTHROW(nn::vocab_parallel_embedding<double>("wte", 16, 7, 5, &g));
+  CHECK_NOTHROW(nn::vocab_parallel_cross_entropy<double>("loss", 16, &g));
+}
