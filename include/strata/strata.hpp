@@ -42,8 +42,11 @@
 #include <strata/nn/mlp.hpp>
 #include <strata/nn/parameter.hpp>
 #include <strata/nn/sequence.hpp>
+#include <strata/nn/parallel_attention.hpp>
+#include <strata/nn/parallel_transformer_block.hpp>
 #include <strata/nn/tensor_parallel.hpp>
 #include <strata/nn/transformer_block.hpp>
+#include <strata/nn/vocab_parallel.hpp>
 
 #include <strata/data/batch.hpp>
 #include <strata/data/dataset.hpp>
