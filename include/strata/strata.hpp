@@ -40,10 +40,10 @@
 #include <strata/nn/layer_norm.hpp>
 #include <strata/nn/linear.hpp>
 #include <strata/nn/mlp.hpp>
-#include <strata/nn/parameter.hpp>
-#include <strata/nn/sequence.hpp>
 #include <strata/nn/parallel_attention.hpp>
 #include <strata/nn/parallel_transformer_block.hpp>
+#include <strata/nn/parameter.hpp>
+#include <strata/nn/sequence.hpp>
 #include <strata/nn/tensor_parallel.hpp>
 #include <strata/nn/transformer_block.hpp>
 #include <strata/nn/vocab_parallel.hpp>
