@@ -2,7 +2,8 @@
 # Builds strata's tests with a sanitizer in a build directory of their own and runs them:
 #   scripts/sanitize.sh thread              the local backend's tests (label local) under TSan,
 #                                           in build-sanitize-thread/
-#   scripts/sanitize.sh address,undefined   the quick suite but gpu and compile_fail tests under ASan,
+#   scripts/sanitize.sh address,undefined   the quick suite but gpu, compile_fail and rss (resident
+#                                           memory) tests under ASan,
 #                                           LSan and UBSan, in build-sanitize-address/
 # Extra arguments go to ctest (e.g. -R conformance, -E errors; not -LE, which would replace the
 # mode's). Fails when a test fails, when one is skipped (ctest counts skips among the passed) or
@@ -49,7 +50,7 @@ thread)
   # Optimised: TSan finds more interleavings the faster the threads run; it compiles quickly.
   build_type=RelWithDebInfo
   configure=(-DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_BUILD_EXAMPLES=OFF)
-  passes+=("$lsan_options;-L;^local$;-LE;^(gpu|sanitize)$")
+  passes+=("$lsan_options;-L;^local$;-LE;^(gpu|sanitize|rss)$")
   ;;
 address,undefined)
   build="$root/build-sanitize-address"
@@ -58,8 +59,8 @@ address,undefined)
   build_type=Debug
   # The examples have a quick test (examples.comm_demo); the benchmarks have none.
   configure=(-DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_BUILD_EXAMPLES=ON)
-  passes+=("$lsan_options;-L;^quick$;-LE;^(gpu|sanitize|mpi|compile_fail)$")
-  passes+=("$mpi_lsan_options;-L;^quick$;-L;^mpi$;-LE;^(gpu|sanitize|compile_fail)$")
+  passes+=("$lsan_options;-L;^quick$;-LE;^(gpu|sanitize|mpi|compile_fail|rss)$")
+  passes+=("$mpi_lsan_options;-L;^quick$;-L;^mpi$;-LE;^(gpu|sanitize|compile_fail|rss)$")
   ;;
 *)
   echo "scripts/sanitize.sh: unknown sanitizer '$mode'" >&2

@@ -433,7 +433,8 @@ public:
   }
 
   void run_zero_grad() {
-    std::memset(static_cast<void*>(grads.data()), 0, grads.size() * sizeof(T));
+    if (grads.size() != 0) // a sharding pass may hold no full gradient buffer
+      std::memset(static_cast<void*>(grads.data()), 0, grads.size() * sizeof(T));
     loss_sum = 0;
     grad_norm = -1;
     grad_scale = 1;

@@ -334,7 +334,8 @@ public:
     std::uint32_t const g = o.arg & 0xffffffu;
     switch (k) {
     case k_zero:
-      std::memset(static_cast<void*>(shard_grads_.data()), 0, shard_total_ * sizeof(T));
+      if (shard_total_ != 0)
+        std::memset(static_cast<void*>(shard_grads_.data()), 0, shard_total_ * sizeof(T));
       return;
     case k_prepare: {
       complete(o.slot);
