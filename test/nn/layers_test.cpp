@@ -173,15 +173,29 @@ TEST_CASE("dropout backward matches central differences and drops about p", "[nn
   }
   CHECK(zeros > 0);
   CHECK(zeros < y.size());
-  // Another micro-batch draws another mask; evaluation is the identity.
+  // Other rows of the global batch draw another mask; evaluation is the identity.
   auto ctx2 = ctx;
-  ctx2.micro_batch = 2;
+  ctx2.first_row = ctx.rows();
   std::vector<double> y2(x.size());
   d.forward(ctx2, {x.data(), {ctx.rows(), 16}}, {y2.data(), {ctx.rows(), 16}}, s);
   CHECK(y2 != y);
   ctx2.training = false;
   d.forward(ctx2, {x.data(), {ctx.rows(), 16}}, {y2.data(), {ctx.rows(), 16}}, s);
   CHECK(y2 == x);
+  // The rows [0, 2R) drawn at once are the rows [0, R) and [R, 2R) drawn apart (what data-
+  // parallel ranks, micro-batches and sequence-parallel slices do).
+  auto whole = ctx;
+  whole.batch = 2 * ctx.batch;
+  std::vector<double> xx(2 * x.size()), yy(xx.size()), parts(xx.size());
+  randomize(std::span<double>(xx), "test.dropout.x");
+  d.forward(whole, {xx.data(), {whole.rows(), 16}}, {yy.data(), {whole.rows(), 16}}, s);
+  for (std::size_t half = 0; half < 2; ++half) {
+    auto c = ctx;
+    c.first_row = half * ctx.rows();
+    std::size_t const off = half * x.size();
+    d.forward(c, {xx.data() + off, {ctx.rows(), 16}}, {parts.data() + off, {ctx.rows(), 16}}, s);
+  }
+  CHECK(parts == yy);
 }
 
 TEST_CASE("embedding backward matches central differences", "[nn][grad]") {

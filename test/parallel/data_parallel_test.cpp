@@ -56,6 +56,12 @@ TEMPLATE_TEST_CASE("data parallel trains like one rank (GPT)", "[parallel][ddp][
       3, g, {.sequences = 6, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
   st::test::require_ok(
       st::test::check_parity<ddp>(4, g, {.sequences = 8, .seq = 8, .lr = 1e-2, .clip = 0.1}));
+  // Dropout on: each rank and micro-batch draws its rows of one device's masks (the masks key
+  // on the row's place in the global batch).
+  auto drop = g;
+  drop.config.dropout = 0.2;
+  st::test::require_ok(st::test::check_parity<ddp_acc2>(
+      2, drop, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
 }
 
 TEST_CASE("a bucket's all-reduce starts during backward, once per step, on the last "

@@ -3,6 +3,7 @@
 // each rank holds 1/tp of the split weights; replicated parameters count once in the norm.
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
+#include <strata/models/gpt.hpp>
 #include <strata/nn/activation.hpp>
 #include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/linear.hpp>
@@ -67,6 +68,31 @@ TEMPLATE_TEST_CASE("a tensor-parallel model trains like one rank for any tp",
       {.tp = 2}));
   st::test::require_ok(
       st::test::check_parity<dp_tp>(4, m, {.sequences = 8, .clip = 0.1}, {.dp = 2, .tp = 2}));
+}
+
+TEMPLATE_TEST_CASE("the GPT, written once, trains like one rank for any tp",
+                   "[parallel][tp][parity]", float, double) {
+  // Vocabulary, heads and hidden width divide by 2 and 4; the second shape by 2 and 3.
+  st::models::gpt_model<TestType> const g{
+      {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
+  st::models::gpt_model<TestType> const g3{
+      {.vocab = 42, .seq = 8, .features = 24, .heads = 6, .layers = 2}};
+  auto const sgd = parity_optimizer::sgd;
+  for (int n : {2, 4}) {
+    INFO("tp " << n);
+    st::test::require_ok(
+        st::test::check_parity<tp>(n, g, {.sequences = 4, .seq = 8, .lr = 1e-2}, {.tp = n}));
+  }
+  st::test::require_ok(st::test::check_parity<tp>(
+      3, g3, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.tp = 3}));
+  // Dropout on, clipping active.
+  auto drop = g;
+  drop.config.dropout = 0.2;
+  st::test::require_ok(st::test::check_parity<tp>(
+      2, drop, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1}, {.tp = 2}));
+  // dp 2 x tp 2 with dropout: each data-parallel rank draws its rows of one device's masks.
+  st::test::require_ok(st::test::check_parity<dp_tp>(
+      4, drop, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
 }
 
 TEST_CASE("each tensor-parallel rank holds 1/tp of the split weights", "[parallel][tp]") {

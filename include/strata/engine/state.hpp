@@ -118,6 +118,9 @@ public:
   bool want_norm = false;                 // compute the norm even without clipping
   std::int64_t step = 0;                  // the step being run (from 1)
   std::uint64_t seed = 0;
+  // This rank's place among the ranks that split the batch (data parallel, sharded): its batch
+  // is the data_rank-th equal slice of the step's global batch (dropout keys on global rows).
+  std::size_t data_rank = 0;
   // Tensor parallel: the group every layer's context carries (null: tp = 1), and whether this
   // rank leaves parameters replicated over the group (not sharded) out of the gradient norm
   // (every tp rank but the first: each element is counted once).
@@ -363,6 +366,7 @@ public:
     c.batch = mb_sequences;
     c.seq = batch.seq;
     c.micro_batch = o.micro_batch;
+    c.first_row = (data_rank * batch.sequences + o.micro_batch * mb_sequences) * batch.seq;
     c.step = static_cast<std::uint64_t>(step);
     c.seed = seed;
     c.training = training;

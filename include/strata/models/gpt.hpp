@@ -1,13 +1,16 @@
 // gpt_model: GPT-2's decoder — token and position embeddings, pre-LN transformer blocks, a
-// final layer norm, a linear head and the softmax cross-entropy over the vocabulary.
+// final layer norm, a linear head and the softmax cross-entropy over the vocabulary — written
+// once against Megatron's tensor-parallel layers, so the same model runs under any tp: the
+// token table and the head split over the vocabulary, attention over its heads, the MLP over
+// its hidden features (see docs/tensor_parallel.md). With tp = 1 every layer is the plain
+// one, bit for bit.
 #pragma once
 
 #include <strata/engine/node.hpp>
-#include <strata/nn/cross_entropy.hpp>
-#include <strata/nn/embedding.hpp>
 #include <strata/nn/layer_norm.hpp>
-#include <strata/nn/linear.hpp>
-#include <strata/nn/transformer_block.hpp>
+#include <strata/nn/parallel_transformer_block.hpp>
+#include <strata/nn/tensor_parallel.hpp>
+#include <strata/nn/vocab_parallel.hpp>
 
 #include <cstddef>
 #include <string>
@@ -25,7 +28,11 @@ struct gpt_config {
 };
 
 /// Layers: "embed" (input), "blocks.0" ... "blocks.<L-1>", "norm", "head" (no bias); loss
-/// "loss". The head is not tied to the token embedding.
+/// "loss". The head is not tied to the token embedding. Under a tp group of size n (the
+/// builder's tp()): the vocabulary, the heads and 4 x features divide by n (construction
+/// throws config_error naming the numbers otherwise); each rank holds 1/n of the token table,
+/// the head, qkv, attn.proj, mlp.fc and mlp.proj, and the logits' columns of its vocabulary
+/// slice, which the loss never gathers.
 template <class T>
 struct gpt_model {
   using value_type = T;
@@ -33,16 +40,19 @@ struct gpt_model {
 
   void build(engine::model_builder<T>& b) const {
     gpt_config const& c = config;
-    b.input(nn::embedding<T>("embed", c.vocab, c.seq, c.features));
+    nn::tp_group const* tp = b.tp();
+    b.input(nn::vocab_parallel_embedding<T>("embed", c.vocab, c.seq, c.features, tp));
     for (std::size_t i = 0; i < c.layers; ++i)
-      b.add(nn::transformer_block<T>("blocks." + std::to_string(i), {.features = c.features,
-                                                                     .heads = c.heads,
-                                                                     .hidden = 4 * c.features,
-                                                                     .dropout = c.dropout,
-                                                                     .n_layers = c.layers}));
+      b.add(nn::parallel_transformer_block<T>("blocks." + std::to_string(i),
+                                              {.features = c.features,
+                                               .heads = c.heads,
+                                               .hidden = 4 * c.features,
+                                               .dropout = c.dropout,
+                                               .n_layers = c.layers},
+                                              tp));
     b.add(nn::layer_norm<T>("norm", c.features));
-    b.add(nn::linear<T>("head", c.features, c.vocab, false));
-    b.loss(nn::softmax_cross_entropy<T>("loss", c.vocab));
+    b.add(nn::column_parallel_linear<T>("head", c.features, c.vocab, tp, {.bias = false}));
+    b.loss(nn::vocab_parallel_cross_entropy<T>("loss", c.vocab, tp));
   }
 };
 

@@ -66,6 +66,7 @@ struct layer_context {
   std::size_t batch = 1;        // sequences in this micro-batch
   std::size_t seq = 1;          // tokens a sequence; rows = batch * seq
   std::size_t micro_batch = 0;  // index of the micro-batch within the step
+  std::uint64_t first_row = 0;  // global index of row 0 in the step's global batch (dropout)
   std::uint64_t step = 0;       // optimizer step (dropout keys on it)
   std::uint64_t seed = 0;       // the run's seed (dropout keys on it)
   bool training = true;         // dropout is the identity when false

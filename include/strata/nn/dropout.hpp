@@ -16,11 +16,13 @@
 
 namespace strata::nn {
 
-/// Inverted dropout with probability p: y = x * mask / (1 - p). Element e of micro-batch mb at
-/// step s is kept when uniform(key_of(name, seed).with_stream(s * 2^20 + mb), e) >= p, so a
-/// re-run (recompute) draws the same mask and tensor- or pipeline-parallel layouts can draw
-/// their slice alone. The identity when !ctx.training or p == 0. The mask is saved (one byte
-/// an element) so backward does not draw again.
+/// Inverted dropout with probability p: y = x * mask / (1 - p). Element (r, j) at step s is
+/// kept when uniform(key_of(name, seed).with_stream(s), (ctx.first_row + r) * features + j)
+/// >= p: the mask is a function of the element's place in the step's global batch, so a
+/// re-run (recompute) draws the same mask, and data-parallel ranks, micro-batches, sequence-
+/// parallel row slices and pipeline stages each draw their own part of one device's mask. The
+/// identity when !ctx.training or p == 0. The mask is saved (one byte an element) so backward
+/// does not draw again.
 template <floating_element T, floating_element C = compute_t<T>>
 class dropout {
 public:
@@ -45,9 +47,9 @@ public:
   template <class F>
   void for_each_parameter(F&&) {}
 
-  /// The random key of (step, micro-batch) under ctx.
+  /// The random key of the step under ctx.
   random_key key(layer_context const& ctx) const noexcept {
-    return key_of(name_, ctx.seed).with_stream((ctx.step << 20) + ctx.micro_batch);
+    return key_of(name_, ctx.seed).with_stream(ctx.step);
   }
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
@@ -63,10 +65,11 @@ public:
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
     float const p = static_cast<float>(p_);
     std::uint8_t* m = s.mask.get(rows, features_).data();
+    std::uint64_t const first = ctx.first_row * features_;
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t j = 0; j < features_; ++j) {
         std::size_t const e = r * features_ + j;
-        m[e] = uniform<float>(k, e) >= p ? 1 : 0;
+        m[e] = uniform<float>(k, first + e) >= p ? 1 : 0;
         y(r, j) = detail::from_compute_value<T>(m[e] ? detail::to_compute_value<C>(x(r, j)) * scale
                                                      : C{0});
       }

@@ -139,7 +139,10 @@ public:
 
   /// One extra element after the parameters carries the step's loss in the last bucket, so
   /// averaging the loss over the replicas costs no collective of its own.
-  void configure(engine::state<T>& s) override { s.tail = std::max<std::size_t>(s.tail, 1); }
+  void configure(engine::state<T>& s) override {
+    s.tail = std::max<std::size_t>(s.tail, 1);
+    s.data_rank = static_cast<std::size_t>(dp_->rank());
+  }
 
   void setup(engine::state<T>& s) override {
     detail::check_replicas(*dp_, s, "data_parallel");

@@ -157,6 +157,7 @@ public:
 
   void configure(engine::state<T>& s) override {
     s.segment_of_layer = detail::shard_segments(s, d_);
+    s.data_rank = static_cast<std::size_t>(dp_->rank());
     s.segment_align = static_cast<std::size_t>(dp_->size());
     s.hold_values = d_.stage < 3;
     s.hold_grads = d_.stage == 1;
