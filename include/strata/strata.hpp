@@ -67,8 +67,10 @@
 #include <strata/parallel/plan.hpp>
 #include <strata/parallel/sharded.hpp>
 #include <strata/parallel/tensor_parallel.hpp>
+#include <strata/parallel/tp_check.hpp>
 
 #include <strata/train/trainer.hpp>
 
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
+#include <strata/models/static_gpt.hpp>

@@ -1,10 +1,19 @@
 // Plans the compiler must refuse, each with a twin that compiles. Built by
 // run_case.cmake with -DSTRATA_CASE=<n> (must fail with the expected message) and with
-// -DSTRATA_CASE=<n> -DSTRATA_TWIN (must compile).
+// -DSTRATA_CASE=<n> -DSTRATA_TWIN (must compile). Case 17 is linked and run instead: the
+// checks that only construction can make.
+#include <strata/comm/local.hpp>
+#include <strata/comm/mesh.hpp>
+#include <strata/models/static_gpt.hpp>
+#include <strata/optim/schedule.hpp>
+#include <strata/optim/sgd.hpp>
 #include <strata/parallel/plan.hpp>
+#include <strata/parallel/tp_check.hpp>
 #include <strata/train/trainer.hpp>
 
 #include <cstddef>
+#include <cstdio>
+#include <string>
 
 namespace st = strata;
 
@@ -99,8 +108,138 @@ using plan = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<>>;
 #endif
 constexpr auto d = plan::descriptor();
 
+#elif STRATA_CASE == 11 // tensor parallel: a vocabulary that does not divide by degree<N>
+#ifdef STRATA_TWIN
+using model = st::models::static_gpt_model<float, 50260, 64, 64, 4, 2>;
+#else
+using model = st::models::static_gpt_model<float, 50257, 64, 64, 4, 2>;
+#endif
+using plan = st::plan<st::tensor_parallel<st::degree<4>>>;
+static_assert(sizeof(st::trainer<model, plan>) > 0);
+
+#elif STRATA_CASE == 12 // tensor parallel: heads that do not divide by degree<N>
+#ifdef STRATA_TWIN
+using model = st::models::static_gpt_model<float, 256, 64, 48, 8, 2>;
+#else
+using model = st::models::static_gpt_model<float, 256, 64, 48, 6, 2>;
+#endif
+using plan = st::plan<st::data_parallel<>, st::tensor_parallel<st::degree<4>>>;
+static_assert(sizeof(st::trainer<model, plan>) > 0);
+
+#elif STRATA_CASE == 13 // sequence parallel: a sequence that does not divide by degree<N>
+#ifdef STRATA_TWIN
+using model = st::models::static_gpt_model<float, 256, 12, 64, 4, 2, true>;
+#else
+using model = st::models::static_gpt_model<float, 256, 10, 64, 4, 2, true>;
+#endif
+using plan = st::plan<st::tensor_parallel<st::degree<4>>>;
+static_assert(sizeof(st::trainer<model, plan>) > 0);
+
+#elif STRATA_CASE == 14 // degree<N> named twice
+#ifdef STRATA_TWIN
+using plan = st::plan<st::tensor_parallel<st::degree<4>>>;
+static_assert(plan::descriptor().tensor_parallel.degree == 4);
+#else
+using plan = st::plan<st::tensor_parallel<st::degree<4>, st::degree<2>>>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 15 // a hand-written model's tp_dims: the MLP's hidden width
+// The sequence does not divide by 8 in either: without sequence parallel it is not checked.
+struct ffn_model {
+  using value_type = float;
+#ifdef STRATA_TWIN
+  static constexpr st::tp_dims tp_dims{
+      .vocabulary = 0, .features = 64, .heads = 8, .hidden = 208, .sequence = 10};
+#else
+  static constexpr st::tp_dims tp_dims{
+      .vocabulary = 0, .features = 64, .heads = 8, .hidden = 204, .sequence = 10};
+#endif
+  void build(st::engine::model_builder<float>&) const {}
+};
+using plan = st::plan<st::tensor_parallel<st::degree<8>>>;
+static_assert(sizeof(st::trainer<ffn_model, plan>) > 0);
+
+#elif STRATA_CASE == 16 // an option tensor_parallel does not know
+#ifdef STRATA_TWIN
+using plan = st::plan<st::tensor_parallel<>>;
+static_assert(plan::descriptor().tensor_parallel.degree == 0);
+#else
+using plan = st::plan<st::tensor_parallel<st::stages<2>>>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 17 // no compile-time half: built and run (run_case.cmake's EXPECT=run)
+// What the compiler cannot see is checked at construction. A mesh whose tp differs from degree<N>
+// is refused with both numbers; a static_gpt_model whose config was changed after construction is
+// refused at build.
+namespace {
+using small_gpt = st::models::static_gpt_model<float, 64, 8, 16, 4, 1>;
+
+st::trainer_options options() {
+  return {.lr = st::optim::constant_schedule(0.1)};
+}
+auto sgd() {
+  return st::engine::use<st::optim::sgd<float>>({});
+}
+
+// Runs make() and reports whether it threw config_error with `want` in its message.
+template <class F>
+bool refuses(char const* what, std::string const& want, F&& make) {
+  try {
+    make();
+  } catch (st::config_error const& e) {
+    if (std::string(e.what()).find(want) != std::string::npos)
+      return true;
+    std::printf("%s: config_error without \"%s\": %s\n", what, want.c_str(), e.what());
+    return false;
+  }
+  std::printf("%s: constructed, but must be refused\n", what);
+  return false;
+}
+} // namespace
+
+int main() {
+  bool ok = true;
+  // degree<2> on a mesh with tp = 1, then tp = 4.
+  st::comm::local::run(1, [&](auto& world) {
+    st::comm::mesh mesh(world, {.tp = 1});
+    ok &= refuses("degree<2> on tp = 1",
+                  "plan says tensor_parallel<degree<2>> but the mesh has tp = 1", [&] {
+                    st::trainer<small_gpt, st::plan<st::tensor_parallel<st::degree<2>>>> t(
+                        mesh, small_gpt{}, sgd(), options());
+                  });
+  });
+  st::comm::local::run(4, [&](auto& world) {
+    st::comm::mesh mesh(world, {.tp = 4});
+    bool const r = refuses("degree<2> on tp = 4",
+                           "plan says tensor_parallel<degree<2>> but the mesh has tp = 4", [&] {
+                             st::trainer<small_gpt, st::plan<st::tensor_parallel<st::degree<2>>>> t(
+                                 mesh, small_gpt{}, sgd(), options());
+                           });
+    if (world.rank() == 0)
+      ok &= r;
+  });
+  // The matching degree builds the split model.
+  st::comm::local::run(2, [&](auto& world) {
+    st::comm::mesh mesh(world, {.tp = 2});
+    st::trainer<small_gpt, st::plan<st::tensor_parallel<st::degree<2>>>> t(mesh, small_gpt{}, sgd(),
+                                                                           options());
+  });
+  // static_gpt_model on one rank, and with its config changed behind the type's back.
+  { st::trainer<small_gpt> t(small_gpt{}, sgd(), options()); }
+  small_gpt changed;
+  changed.config.vocab = 100;
+  ok &= refuses("changed config", "config was changed to vocab 100",
+                [&] { st::trainer<small_gpt> t(changed, sgd(), options()); });
+  std::printf("%s\n", ok ? "ok" : "FAILED");
+  return ok ? 0 : 1;
+}
+#define STRATA_HAS_MAIN
 #endif
 
+#ifndef STRATA_HAS_MAIN
 int main() {
   return 0;
 }
+#endif

@@ -1,9 +1,24 @@
-# Compiles plans.cpp for one case: EXPECT=fail must fail with a message matching REGEX;
-# EXPECT=pass (the twin) must compile. -fsyntax-only: nothing is linked.
+# Compiles plans.cpp for one case: EXPECT=fail must fail with a message matching REGEX (and
+# NUMBERS, when given); EXPECT=pass (the twin) must compile, -fsyntax-only: nothing is linked;
+# EXPECT=run is linked into BINARY and run, and must exit 0.
 separate_arguments(flags UNIX_COMMAND "${FLAGS}")
 set(defs -DSTRATA_CASE=${CASE})
 if(EXPECT STREQUAL "pass")
   list(APPEND defs -DSTRATA_TWIN)
+endif()
+if(EXPECT STREQUAL "run")
+  execute_process(
+    COMMAND ${CXX} -std=c++20 -pthread ${flags} -I${INCLUDE} ${defs} ${SOURCE} -o ${BINARY}
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "case ${CASE}: must compile and link, but:\n${err}")
+  endif()
+  execute_process(COMMAND ${BINARY} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "case ${CASE}: exited with ${rc}:\n${out}${err}")
+  endif()
+  message(STATUS "case ${CASE}: ${out}")
+  return()
 endif()
 execute_process(
   COMMAND ${CXX} -std=c++20 -fsyntax-only ${flags} -I${INCLUDE} ${defs} ${SOURCE}
@@ -18,6 +33,9 @@ else()
   endif()
   if(NOT err MATCHES "${REGEX}")
     message(FATAL_ERROR "case ${CASE}: refused, but without the expected message /${REGEX}/:\n${err}")
+  endif()
+  if(NUMBERS AND NOT err MATCHES "${NUMBERS}")
+    message(FATAL_ERROR "case ${CASE}: refused, but the numbers /${NUMBERS}/ are not shown:\n${err}")
   endif()
   message(STATUS "case ${CASE}: refused as expected")
 endif()

@@ -95,6 +95,131 @@ TEMPLATE_TEST_CASE("the GPT, written once, trains like one rank for any tp",
       4, drop, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
 }
 
+TEMPLATE_TEST_CASE("the GPT with sequence parallel trains like one rank",
+                   "[parallel][tp][sp][parity]", float, double) {
+  st::models::gpt_model<TestType> g{
+      {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2, .sequence_parallel = true}};
+  auto const sgd = parity_optimizer::sgd;
+  for (int n : {2, 4}) {
+    INFO("tp " << n);
+    st::test::require_ok(
+        st::test::check_parity<tp>(n, g, {.sequences = 4, .seq = 8, .lr = 1e-2}, {.tp = n}));
+  }
+  // tp 3 on rows that divide by 3 (3 sequences of 6 tokens).
+  st::models::gpt_model<TestType> g3{
+      {.vocab = 42, .seq = 6, .features = 24, .heads = 6, .layers = 2, .sequence_parallel = true}};
+  st::test::require_ok(st::test::check_parity<tp>(
+      3, g3, {.sequences = 3, .seq = 6, .optimizer = sgd, .lr = 5e-2}, {.tp = 3}));
+  // Dropout on, clipping active (the layer norms' gradients, reduced over tp, count once),
+  // accumulation (the layer norms' gradients are reduced once, on the last micro-batch).
+  g.config.dropout = 0.2;
+  st::test::require_ok(st::test::check_parity<tp>(
+      2, g, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1}, {.tp = 2}));
+  using tp_acc = st::plan<st::tensor_parallel<>, st::micro_batches<2>>;
+  st::test::require_ok(st::test::check_parity<tp_acc>(
+      2, g, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.tp = 2}));
+  st::test::require_ok(st::test::check_parity<dp_tp>(
+      4, g, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
+}
+
+TEST_CASE("sequence parallel refuses rows that do not split over tp", "[parallel][tp][sp]") {
+  st::models::gpt_model<float> g{
+      {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 1, .sequence_parallel = true}};
+  std::vector<std::string> errors(2);
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.tp = 2});
+    st::trainer<decltype(g), tp> t(mesh, g, eng::use<st::optim::sgd<float>>(),
+                                   {.lr = st::test::constant_lr(0.1)});
+    // 1 sequence of 7 tokens: 7 rows over tp = 2.
+    std::vector<std::int32_t> tokens(7, 1), targets(7, 2);
+    try {
+      t.step(eng::batch_view<float>{1, 7, tokens, {}, targets});
+    } catch (st::config_error const& e) {
+      errors[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (auto const& e : errors) {
+    CHECK_THAT(e, Catch::Matchers::Contains("7 rows does not split over the 2 ranks"));
+    CHECK_THAT(e, Catch::Matchers::Contains("multiple of 2"));
+  }
+}
+
+namespace {
+
+struct tp_traffic {
+  std::uint64_t calls[3]{}, bytes[3]{}; // all-reduce, all-gather, reduce-scatter
+};
+
+// The tp group's collectives in one step of a GPT of `layers` blocks (rank 0 of tp 2; the
+// second step, so set-up traffic is left out).
+template <class Plan>
+tp_traffic traffic_of(std::size_t layers, bool sp) {
+  st::models::gpt_model<float> const g{{.vocab = 40,
+                                        .seq = 8,
+                                        .features = 16,
+                                        .heads = 4,
+                                        .layers = layers,
+                                        .sequence_parallel = sp}};
+  tp_traffic out;
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.tp = 2});
+    st::trainer<decltype(g), Plan> t(mesh, g, eng::use<st::optim::sgd<float>>(),
+                                     {.lr = st::test::constant_lr(0.1)});
+    std::vector<std::int32_t> tokens(4 * 8), targets(4 * 8);
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = static_cast<std::int32_t>(st::test::mix(st::test::seed(), i) % 40);
+      targets[i] = static_cast<std::int32_t>(st::test::mix(st::test::seed(), i + 999) % 40);
+    }
+    eng::batch_view<float> const b{4, 8, tokens, {}, targets};
+    t.step(b);
+    auto& c = mesh.tp().counters();
+    c.reset();
+    t.step(b);
+    if (world.rank() != 0)
+      return;
+    st::comm::op_kind const kinds[3] = {st::comm::op_kind::all_reduce,
+                                        st::comm::op_kind::all_gather,
+                                        st::comm::op_kind::reduce_scatter};
+    for (int k = 0; k < 3; ++k) {
+      out.calls[k] = c.calls(kinds[k]);
+      out.bytes[k] = c.bytes(kinds[k]);
+    }
+  });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("a block's tp traffic is Megatron's: 2 + 2 all-reduces, or the all-gathers and "
+          "reduce-scatters of sequence parallel",
+          "[parallel][tp][sp]") {
+  // One block's share: a model of 3 blocks minus one of 2. Activations are rows x features
+  // (32 x 16 f32 = 2 KiB a micro-batch); a collective's bytes count its whole buffer.
+  std::uint64_t const act = 4 * 8 * 16 * sizeof(float);
+  auto check = [&]<class Plan>(std::uint64_t m, Plan*) {
+    INFO("micro-batches " << m);
+    auto const a = traffic_of<Plan>(2, false), b = traffic_of<Plan>(3, false);
+    // 2 forward (attn.proj, mlp.proj) + 2 backward (attn.qkv, mlp.fc) a micro-batch
+    CHECK(b.calls[0] - a.calls[0] == 4 * m);
+    CHECK(b.bytes[0] - a.bytes[0] == 4 * act);
+    CHECK(b.calls[1] == a.calls[1]);
+    CHECK(b.calls[2] == a.calls[2]);
+    auto const sa = traffic_of<Plan>(2, true), sb = traffic_of<Plan>(3, true);
+    // forward: gather before qkv and fc, scatter after attn.proj and mlp.proj; backward:
+    // gather dy at both projections, the inputs again for qkv's and fc's dW, and scatter
+    // the input gradients of qkv and fc
+    CHECK(sb.calls[1] - sa.calls[1] == 6 * m);
+    CHECK(sb.bytes[1] - sa.bytes[1] == 6 * act);
+    CHECK(sb.calls[2] - sa.calls[2] == 4 * m);
+    CHECK(sb.bytes[2] - sa.bytes[2] == 4 * act);
+    // the two layer norms' gradients (weight and bias), once a step whatever m
+    CHECK(sb.calls[0] - sa.calls[0] == 2);
+    CHECK(sb.bytes[0] - sa.bytes[0] == 2 * 2 * 16 * sizeof(float));
+  };
+  check(1, static_cast<tp*>(nullptr));
+  check(2, static_cast<st::plan<st::tensor_parallel<>, st::micro_batches<2>>*>(nullptr));
+}
+
 TEST_CASE("each tensor-parallel rank holds 1/tp of the split weights", "[parallel][tp]") {
   tp_mlp_model<float> const m;
   std::size_t whole = 0;

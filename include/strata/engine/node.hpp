@@ -50,6 +50,10 @@ public:
   virtual std::size_t out_features() const noexcept = 0;
   virtual void for_each_parameter(parameter_fn const& f) = 0;
   virtual std::unique_ptr<saved_base> make_saved() const = 0;
+  /// n when the layer's input (output) activations hold 1/n of the micro-batch's rows (its
+  /// slice of the sequence under sequence parallelism, n = tp); 1 otherwise.
+  virtual std::size_t input_row_split() const noexcept { return 1; }
+  virtual std::size_t output_row_split() const noexcept { return 1; }
 
   // hidden
   virtual void forward(nn::layer_context const&, tensor_view<T const>, tensor_view<T>,
@@ -97,6 +101,23 @@ private:
 
 namespace detail {
 
+/// A layer's row splits: its input_row_split() / output_row_split() when it declares them
+/// (sequence-parallel layers), 1 otherwise.
+template <class L>
+std::size_t input_split_of(L const& l) noexcept {
+  if constexpr (requires { l.input_row_split(); })
+    return static_cast<std::size_t>(l.input_row_split());
+  else
+    return 1;
+}
+template <class L>
+std::size_t output_split_of(L const& l) noexcept {
+  if constexpr (requires { l.output_row_split(); })
+    return static_cast<std::size_t>(l.output_row_split());
+  else
+    return 1;
+}
+
 template <class L>
 struct saved_box final : saved_base {
   typename L::saved_type value{};
@@ -122,6 +143,8 @@ public:
   std::unique_ptr<saved_base> make_saved() const override {
     return std::make_unique<saved_box<L>>();
   }
+  std::size_t input_row_split() const noexcept override { return input_split_of(layer_); }
+  std::size_t output_row_split() const noexcept override { return output_split_of(layer_); }
   L& layer() noexcept { return layer_; }
 
 protected:
@@ -237,6 +260,7 @@ public:
     std::string name;
     node_kind kind;
     std::size_t in, out, parameters;
+    std::size_t in_split = 1, out_split = 1; // rows of the micro-batch / rows of the activation
   };
   std::vector<layer_info> const& info() const noexcept { return info_; }
   /// The tensor-parallel group layers split over (null: tp = 1). A model's build() passes it
@@ -256,7 +280,7 @@ private:
   void push(std::unique_ptr<node<T>> n) {
     std::size_t const i = info_.size();
     info_.push_back({std::string(n->name()), n->kind(), n->in_features(), n->out_features(),
-                     n->parameter_count()});
+                     n->parameter_count(), n->input_row_split(), n->output_row_split()});
     nodes_.push_back(!keep_ || keep_(i) ? std::move(n) : nullptr);
   }
 

@@ -171,6 +171,24 @@ public:
                            "\" takes " + std::to_string(layers[i].in) + " features but layer " +
                            std::to_string(i - 1) + " \"" + layers[i - 1].name + "\" gives " +
                            std::to_string(layers[i - 1].out));
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+      auto const& l = layers[i];
+      std::size_t const before = i > 0 ? layers[i - 1].out_split : 1;
+      if (l.in_split != before)
+        throw config_error(
+            "strata: layer " + std::to_string(i) + " \"" + l.name + "\" takes 1/" +
+            std::to_string(l.in_split) + " of the rows (sequence parallel) but " +
+            (i > 0 ? "layer \"" + layers[i - 1].name + "\" gives 1/" + std::to_string(before)
+                   : std::string("the batch gives all of them")) +
+            ": build the layers on both sides of a sequence-parallel region with the same "
+            "setting");
+    }
+    if (layers.back().out_split != 1)
+      throw config_error("strata: the last layer \"" + layers.back().name + "\" gives 1/" +
+                         std::to_string(layers.back().out_split) +
+                         " of the rows (sequence parallel) but the loss reads all of them: end "
+                         "the sequence-parallel region before the loss (e.g. a column-parallel "
+                         "head built with sequence_parallel gathers the rows)");
     if (loss && loss->in_features() != layers.back().out)
       throw config_error("strata: the loss \"" + loss_name + "\" takes " +
                          std::to_string(loss->in_features()) + " classes but the last layer \"" +
@@ -354,12 +372,25 @@ public:
     if (last_stage && b.targets.size() != rows)
       throw shape_error("strata: the batch has " + std::to_string(b.targets.size()) +
                         " targets for " + std::to_string(rows) + " rows");
+    std::size_t const mb = rows / m;
+    for (auto const& l : layers)
+      if (mb % l.out_split != 0)
+        throw config_error("strata: a micro-batch of " + std::to_string(b.sequences / m) + " x " +
+                           std::to_string(b.seq) + " = " + std::to_string(mb) +
+                           " rows does not split over the " + std::to_string(l.out_split) +
+                           " ranks of layer \"" + l.name +
+                           "\"'s sequence-parallel group: make the sequence length a multiple "
+                           "of " +
+                           std::to_string(l.out_split));
     batch = b;
     micro_batches = m;
     mb_sequences = b.sequences / m;
   }
 
   std::size_t mb_rows() const noexcept { return mb_sequences * batch.seq; }
+  /// The rows of layer l's input and output activations (1/split of the micro-batch's).
+  std::size_t rows_in(std::size_t l) const noexcept { return mb_rows() / layers[l].in_split; }
+  std::size_t rows_out(std::size_t l) const noexcept { return mb_rows() / layers[l].out_split; }
 
   nn::layer_context context(op const& o) const noexcept {
     nn::layer_context c;
@@ -371,6 +402,7 @@ public:
     c.seed = seed;
     c.training = training;
     c.recompute = o.recompute();
+    c.last_micro_batch = o.last();
     c.tp = tp;
     return c;
   }
@@ -381,11 +413,11 @@ public:
     std::size_t const rows = mb_rows(), l = o.layer;
     chunk_layers const& c = chunks[o.chunk];
     if (l > c.first)
-      return out[l - 1][o.slot].view(rows, layers[l - 1].out);
+      return out[l - 1][o.slot].view(rows_out(l - 1), layers[l - 1].out);
     if (l == 0)
       return tensor_view<T const>(batch.features.data() + o.micro_batch * rows * layers[0].in,
                                   {rows, layers[0].in});
-    return in[o.chunk][o.slot].view(rows, layers[l].in);
+    return in[o.chunk][o.slot].view(rows_in(l), layers[l].in);
   }
 
   tensor_view<index_type const> ids_of(std::span<index_type const> s, op const& o) const {
@@ -394,8 +426,8 @@ public:
   }
 
   void run_forward(op const& o) {
-    std::size_t const rows = mb_rows(), l = o.layer;
-    auto y = out[l][o.slot].get(rows, layers[l].out);
+    std::size_t const l = o.layer;
+    auto y = out[l][o.slot].get(rows_out(l), layers[l].out);
     auto ctx = context(o);
     if (layers[l].kind == node_kind::input)
       nodes[l]->forward_ids(ctx, ids_of(batch.tokens, o), y, *saved[l][o.slot]);
@@ -412,7 +444,7 @@ public:
   }
 
   void run_backward(op const& o) {
-    std::size_t const rows = mb_rows(), l = o.layer;
+    std::size_t const rows = mb_rows(), l = o.layer, rows_x = rows_in(l), rows_y = rows_out(l);
     chunk_layers const& c = chunks[o.chunk];
     auto ctx = context(o);
     if (l == c.last && c.has_loss) {
@@ -423,16 +455,16 @@ public:
       loss->loss_backward(ctx, logits, ids_of(batch.targets, o), *loss_saved(o.slot),
                           dout[l].get(rows, layers[l].out), dloss);
     }
-    auto dy = dout[l].view(rows, layers[l].out);
+    auto dy = dout[l].view(rows_y, layers[l].out);
     if (layers[l].kind == node_kind::input) {
       nodes[l]->backward_ids(ctx, ids_of(batch.tokens, o), *saved[l][o.slot], dy);
       return;
     }
     tensor_view<T> dx{};
     if (l > c.first)
-      dx = dout[l - 1].get(rows, layers[l].in);
+      dx = dout[l - 1].get(rows_x, layers[l].in);
     else if (l > 0)
-      dx = din[o.chunk].get(rows, layers[l].in);
+      dx = din[o.chunk].get(rows_x, layers[l].in);
     nodes[l]->backward(ctx, input_of(o), *saved[l][o.slot], dy, dx);
   }
 

@@ -9,6 +9,7 @@
 #include <strata/engine/node.hpp>
 #include <strata/nn/layer_norm.hpp>
 #include <strata/nn/parallel_transformer_block.hpp>
+#include <strata/nn/sequence_parallel.hpp>
 #include <strata/nn/tensor_parallel.hpp>
 #include <strata/nn/vocab_parallel.hpp>
 
@@ -25,6 +26,10 @@ struct gpt_config {
   std::size_t heads = 4;
   std::size_t layers = 8; ///< transformer blocks
   double dropout = 0.0;
+  /// Megatron's sequence parallel under tp > 1: outside the tensor-parallel regions (the
+  /// embedding's output, the blocks' layer norms, dropouts and residuals, the final norm) each
+  /// rank holds 1/tp of the rows; the micro-batch's rows (sequences x seq) must divide by tp.
+  bool sequence_parallel = false;
 };
 
 /// Layers: "embed" (input), "blocks.0" ... "blocks.<L-1>", "norm", "head" (no bias); loss
@@ -41,17 +46,20 @@ struct gpt_model {
   void build(engine::model_builder<T>& b) const {
     gpt_config const& c = config;
     nn::tp_group const* tp = b.tp();
-    b.input(nn::vocab_parallel_embedding<T>("embed", c.vocab, c.seq, c.features, tp));
+    bool const sp = c.sequence_parallel;
+    b.input(nn::vocab_parallel_embedding<T>("embed", c.vocab, c.seq, c.features, tp, sp));
     for (std::size_t i = 0; i < c.layers; ++i)
       b.add(nn::parallel_transformer_block<T>("blocks." + std::to_string(i),
                                               {.features = c.features,
                                                .heads = c.heads,
                                                .hidden = 4 * c.features,
                                                .dropout = c.dropout,
-                                               .n_layers = c.layers},
+                                               .n_layers = c.layers,
+                                               .sequence_parallel = sp},
                                               tp));
-    b.add(nn::layer_norm<T>("norm", c.features));
-    b.add(nn::column_parallel_linear<T>("head", c.features, c.vocab, tp, {.bias = false}));
+    b.add(nn::sequence_parallel_layer_norm<T>("norm", c.features, tp, sp));
+    b.add(nn::column_parallel_linear<T>("head", c.features, c.vocab, tp,
+                                        {.bias = false, .sequence_parallel = sp}));
     b.loss(nn::vocab_parallel_cross_entropy<T>("loss", c.vocab, tp));
   }
 };

@@ -71,6 +71,9 @@ struct layer_context {
   std::uint64_t seed = 0;       // the run's seed (dropout keys on it)
   bool training = true;         // dropout is the identity when false
   bool recompute = false;       // this forward re-runs one whose saved state was dropped
+  bool last_micro_batch = true; // the step's last micro-batch: in its backward, sequence-
+                                // parallel layers reduce their replicated parameters'
+                                // (accumulated) gradients over the tp group
   tp_group const* tp = nullptr; // null: tp = 1
 
   constexpr std::size_t rows() const noexcept { return batch * seq; }

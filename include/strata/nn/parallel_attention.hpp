@@ -16,6 +16,10 @@
 //   "<name>.proj"  row_parallel_linear(F, F), input already split (the local heads' outputs):
 //                  all-reduce of the output forward, nothing backward.
 //
+// Sequence parallel (an option): x and y hold this rank's 1/tp of the rows; the rows of x are
+// all-gathered before the qkv projection (and again in backward, for dW), dx is reduce-
+// scattered over the rows instead of all-reduced, and the output projection reduce-scatters.
+//
 // With tp = 1 (a null group, null ops, or size 1) it is causal_self_attention bit for bit.
 #pragma once
 
@@ -55,15 +59,20 @@ public:
   };
 
   parallel_causal_self_attention(std::string name, std::size_t features, std::size_t heads,
-                                 tp_group const* tp = nullptr, init_rule proj_init = {})
+                                 tp_group const* tp = nullptr, init_rule proj_init = {},
+                                 bool sequence_parallel = false)
       : name_(std::move(name)), qkv_name_(name_ + ".qkv"), d_(features), heads_(heads),
         tp_(tp_size_of(tp)), rank_(tp_rank_of(tp)),
         local_heads_(split_heads(name_, features, heads, tp_)),
-        local_d_(detail::tp_split(features, tp_, name_, "features")), core_(local_d_, local_heads_),
+        local_d_(detail::tp_split(features, tp_, name_, "features")),
+        split_(detail::sp_split(sequence_parallel, tp_)), core_(local_d_, local_heads_),
         qkv_weight_(qkv_name_ + ".weight", {3, features, features}, init_rule{}, spec()),
         qkv_bias_(qkv_name_ + ".bias", {3, features}, {init_rule::kind::zeros, 0}, spec()),
         proj_(name_ + ".proj", features, features, tp,
-              {.bias = true, .input_is_parallel = true, .weight_init = proj_init}) {}
+              {.bias = true,
+               .input_is_parallel = true,
+               .sequence_parallel = sequence_parallel,
+               .weight_init = proj_init}) {}
 
   std::string const& name() const noexcept { return name_; }
   std::size_t in_features() const noexcept { return d_; }
@@ -74,6 +83,9 @@ public:
   std::size_t local_features() const noexcept { return local_d_; }
   int tp_size() const noexcept { return tp_; }
   int tp_rank() const noexcept { return rank_; }
+  /// tp under sequence parallel (x and y hold 1/tp of the rows), else 1.
+  int input_row_split() const noexcept { return split_; }
+  int output_row_split() const noexcept { return split_; }
   attention_core<T, C>& core() noexcept { return core_; }
   parameter<T>& qkv_weight() noexcept { return qkv_weight_; }
   parameter<T>& qkv_bias() noexcept { return qkv_bias_; }
@@ -86,11 +98,13 @@ public:
     proj_.for_each_parameter(f);
   }
 
-  void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
+  void forward(layer_context const& ctx, tensor_view<T const> x_in, tensor_view<T> y,
+               saved_type& s) {
+    tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    auto const x = full_input(ops, x_in);
     std::size_t const rows = x.extent(0);
     check_rows(ctx, rows);
     detail::check_act(x, rows, d_, qkv_name_, "the input");
-    (void)detail::tp_ops_for(ctx, tp_, rank_, name_);
     std::size_t const n = 3 * local_d_; // this rank's qkv columns: q | k | v of its heads
     auto qkv = s.qkv.get(rows, n);
     auto heads = s.heads.get(rows, local_d_);
@@ -101,12 +115,11 @@ public:
     proj_.forward(ctx, heads, y, s.proj_saved);
   }
 
-  void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
+  void backward(layer_context const& ctx, tensor_view<T const> x_in, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
-    std::size_t const rows = x.extent(0);
-    check_rows(ctx, rows);
-    detail::check_act(x, rows, d_, qkv_name_, "the input");
     tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    std::size_t const rows = x_in.extent(0) * static_cast<std::size_t>(split_);
+    check_rows(ctx, rows);
     std::size_t const n = 3 * local_d_;
     auto qkv = s.qkv.view(rows, n);
     auto heads = s.heads.view(rows, local_d_);
@@ -114,17 +127,25 @@ public:
     auto dqkv = dqkv_.get(rows, n);
     proj_.backward(ctx, heads, s.proj_saved, dy, dheads);
     core_.backward(ctx, qkv, s.core, dheads, dqkv);
+    // Sequence parallel: the rows gathered again (not kept since forward).
+    auto const x = full_input(ops, x_in);
+    detail::check_act(x, rows, d_, qkv_name_, "the input");
     // dW[j, p] += sum_r dqkv[r, j] x[r, p]
     detail::gemm<C>(n, d_, rows, dqkv.data(), 1, n, x.data(), x.stride(0), 1,
                     qkv_weight_.grad().data(), d_, true);
     detail::add_bias_grad<C>(dqkv.data(), n, rows, n, qkv_bias_.grad().data(), colsum_);
     if (dx.data() == nullptr)
       return;
-    detail::check_act(dx, rows, d_, qkv_name_, "the input gradient");
-    // dx[r, p] = sum_j dqkv[r, j] W[j, p]: a partial sum over this rank's heads
-    detail::gemm<C>(rows, d_, n, dqkv.data(), n, 1, qkv_weight_.value().data(), d_, 1, dx.data(),
-                    dx.stride(0), false);
-    if (ops != nullptr)
+    detail::check_act(dx, x_in.extent(0), d_, qkv_name_, "the input gradient");
+    // dx[r, p] = sum_j dqkv[r, j] W[j, p]: a partial sum over this rank's heads, all-reduced
+    // (or reduce-scattered over the rows under sequence parallel)
+    bool const scatter = ops != nullptr && split_ > 1;
+    T* dxp = scatter ? dxfull_.get(rows, d_).data() : dx.data();
+    detail::gemm<C>(rows, d_, n, dqkv.data(), n, 1, qkv_weight_.value().data(), d_, 1, dxp,
+                    scatter ? d_ : dx.stride(0), false);
+    if (scatter)
+      detail::tp_scatter_rows(*ops, dxp, d_, tp_, dx, dxtmp_);
+    else if (ops != nullptr)
       detail::tp_all_reduce(*ops, dx, rows, d_, dxtmp_);
   }
 
@@ -144,6 +165,11 @@ private:
                    : shard_spec{};
   }
 
+  // x itself, or under sequence parallel every rank's rows of it gathered.
+  tensor_view<T const> full_input(tp_ops* ops, tensor_view<T const> x) {
+    return detail::sp_full_input(ops, split_, x, d_, xfull_, xtmp_);
+  }
+
   void check_rows(layer_context const& ctx, std::size_t rows) const {
     if (rows != ctx.rows())
       throw shape_error("strata: " + name_ + ": " + std::to_string(rows) + " rows but the context" +
@@ -155,12 +181,13 @@ private:
   std::size_t d_, heads_;
   int tp_, rank_;
   std::size_t local_heads_, local_d_;
+  int split_;
   attention_core<T, C> core_;
   parameter<T> qkv_weight_;
   parameter<T> qkv_bias_;
   row_parallel_linear<T, C> proj_;
   detail::workspace<C> colsum_;
-  detail::workspace<T> dheads_, dqkv_, dxtmp_;
+  detail::workspace<T> dheads_, dqkv_, dxtmp_, xfull_, xtmp_, dxfull_;
 };
 
 } // namespace strata::nn

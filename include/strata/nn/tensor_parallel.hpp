@@ -16,6 +16,12 @@
 //               the input was split locally), dW_local = dy^T x_local, db = colsum dy (the
 //               same on every rank).
 //
+// Sequence parallel (Megatron's, an option of both): outside the tensor-parallel regions the
+// activations hold 1/tp of the rows. A column-parallel layer then all-gathers its input's rows
+// (and again in backward, for dW, rather than keeping the whole input) and reduce-scatters dx
+// over the rows instead of all-reducing it; a row-parallel layer reduce-scatters its partial
+// products over the rows instead of all-reducing them, and all-gathers dy's rows in backward.
+//
 // With tp = 1 (a null group, null ops, or size 1) both are nn::linear, bit for bit.
 #pragma once
 
@@ -143,20 +149,75 @@ void tp_gather_columns(tp_ops& ops, T const* local, std::size_t rows, std::size_
     }
 }
 
+/// All-gather of every rank's rows: `local` (rows x cols) into `full` (tp*rows x cols,
+/// contiguous), rank q's rows at q*rows (through `tmp` when `local` is strided).
+template <class T>
+void tp_gather_rows(tp_ops& ops, tensor_view<T const> local, std::size_t cols, int tp, T* full,
+                    workspace<T>& tmp) {
+  std::size_t const rows = local.extent(0), n = rows * cols;
+  T const* src = local.data();
+  if (local.stride(0) != cols && rows > 1) {
+    auto t = tmp.get(rows, cols);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t j = 0; j < cols; ++j)
+        t(r, j) = local(r, j);
+    src = t.data();
+  }
+  ops.all_gather(std::span<T const>(src, n), std::span<T>(full, static_cast<std::size_t>(tp) * n));
+}
+
+/// Reduce-scatter over the rows: `full` (tp*rows x cols, contiguous) summed over the group,
+/// rank q receiving rows q*rows .. into `local` (rows x cols; through `tmp` when strided).
+template <class T>
+void tp_scatter_rows(tp_ops& ops, T const* full, std::size_t cols, int tp, tensor_view<T> local,
+                     workspace<T>& tmp) {
+  std::size_t const rows = local.extent(0), n = rows * cols;
+  std::span<T const> send(full, static_cast<std::size_t>(tp) * n);
+  if (local.stride(0) == cols || rows <= 1) {
+    ops.reduce_scatter_sum(send, std::span<T>(local.data(), n));
+    return;
+  }
+  auto t = tmp.get(rows, cols);
+  ops.reduce_scatter_sum(send, std::span<T>(t.data(), n));
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < cols; ++j)
+      local(r, j) = t(r, j);
+}
+
+/// x itself, or under sequence parallel (split > 1) every rank's rows of x gathered into
+/// `full` (split x its rows).
+template <class T>
+tensor_view<T const> sp_full_input(tp_ops* ops, int split, tensor_view<T const> x,
+                                   std::size_t cols, workspace<T>& full, workspace<T>& tmp) {
+  if (ops == nullptr || split == 1)
+    return x;
+  std::size_t const rows = x.extent(0) * static_cast<std::size_t>(split);
+  T* f = full.get(rows, cols).data();
+  tp_gather_rows(*ops, x, cols, split, f, tmp);
+  return tensor_view<T const>(f, {rows, cols});
+}
+
+/// The row split of a sequence-parallel layer: tp when it is on and tp > 1, else 1.
+constexpr int sp_split(bool sequence_parallel, int tp) noexcept {
+  return sequence_parallel && tp > 1 ? tp : 1;
+}
+
 } // namespace detail
 
 /// Options of column_parallel_linear.
 struct column_parallel_options {
   bool bias = true;
-  bool gather_output = false; // all-gather the output into the full [rows, out]
+  bool gather_output = false;     // all-gather the output into the full [rows, out]
+  bool sequence_parallel = false; // x holds this rank's 1/tp of the rows (gathered here)
   init_rule weight_init = {};
 };
 
 /// A linear layer with its output features split over the tp group. Parameters
 /// "<name>.weight", a shard [out/tp, in] of the logical [out, in] (rows rank*out/tp ..), and
 /// "<name>.bias", a shard [out/tp] of [out]. Activations: x [rows, in] (the same on every
-/// rank), y [rows, out/tp] (or [rows, out] with gather_output). Throws config_error at
-/// construction when out does not divide by tp.
+/// rank), y [rows, out/tp] (or [rows, out] with gather_output); with sequence_parallel, x is
+/// this rank's [rows/tp, in] slice of the rows. Throws config_error at construction when out
+/// does not divide by tp.
 template <floating_element T, floating_element C = compute_t<T>>
 class column_parallel_linear {
 public:
@@ -168,7 +229,8 @@ public:
                          tp_group const* tp = nullptr, column_parallel_options options = {})
       : name_(std::move(name)), in_(in), out_(out), tp_(tp_size_of(tp)), rank_(tp_rank_of(tp)),
         local_out_(detail::tp_split(out, tp_, name_, "output features")),
-        gather_(options.gather_output), has_bias_(options.bias),
+        gather_(options.gather_output), split_(detail::sp_split(options.sequence_parallel, tp_)),
+        has_bias_(options.bias),
         weight_(name_ + ".weight", {out, in}, options.weight_init, spec()) {
     if (has_bias_)
       bias_ = parameter<T>(name_ + ".bias", {out}, {init_rule::kind::zeros, 0}, spec());
@@ -183,6 +245,8 @@ public:
   int tp_size() const noexcept { return tp_; }
   int tp_rank() const noexcept { return rank_; }
   bool gather_output() const noexcept { return gather_; }
+  /// tp under sequence parallel (the input holds 1/tp of the rows), else 1.
+  int input_row_split() const noexcept { return split_; }
   bool has_bias() const noexcept { return has_bias_; }
   parameter<T>& weight() noexcept { return weight_; }
   parameter<T>& bias() noexcept { return bias_; }
@@ -195,10 +259,11 @@ public:
   }
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type&) {
+    tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    x = full_input(ops, x);
     std::size_t const rows = x.extent(0);
     detail::check_act(x, rows, in_, name_, "the input");
     detail::check_act(y, rows, out_features(), name_, "the output");
-    tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
     bool const gather = ops != nullptr && gather_;
     // The local product: straight into y, or into a contiguous block to gather from.
     T* yl = gather ? ylocal_.get(rows, local_out_).data() : y.data();
@@ -209,12 +274,14 @@ public:
       detail::tp_gather_columns(*ops, yl, rows, local_out_, tp_, y, gathered_);
   }
 
-  void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const&,
+  void backward(layer_context const& ctx, tensor_view<T const> x_in, saved_type const&,
                 tensor_view<T const> dy, tensor_view<T> dx) {
+    tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    // Sequence parallel: the rows gathered again (Megatron's choice: not kept since forward).
+    auto const x = full_input(ops, x_in);
     std::size_t const rows = x.extent(0);
     detail::check_act(x, rows, in_, name_, "the input");
     detail::check_act(dy, rows, out_features(), name_, "the output gradient");
-    tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
     // With a gathered output, this rank's columns of dy (the gather's conjugate is a split).
     T const* d = dy.data() + (ops != nullptr && gather_ ? rank_ * local_out_ : 0);
     std::size_t const sd = dy.stride(0);
@@ -223,14 +290,20 @@ public:
                     weight_.grad().data(), in_, true);
     if (has_bias_)
       detail::add_bias_grad<C>(d, sd, rows, local_out_, bias_.grad().data(), colsum_);
-    if (dx.data() != nullptr) {
-      detail::check_act(dx, rows, in_, name_, "the input gradient");
-      // dx[r, p] = sum_j dy[r, j] W[j, p]: a partial sum over this rank's output features
-      detail::gemm<C>(rows, in_, local_out_, d, sd, 1, weight_.value().data(), in_, 1, dx.data(),
-                      dx.stride(0), false);
-      if (ops != nullptr)
-        detail::tp_all_reduce(*ops, dx, rows, in_, dxtmp_);
-    }
+    if (dx.data() == nullptr)
+      return;
+    detail::check_act(dx, x_in.extent(0), in_, name_, "the input gradient");
+    // dx[r, p] = sum_j dy[r, j] W[j, p]: a partial sum over this rank's output features,
+    // all-reduced; or, sequence parallel, reduce-scattered over the rows.
+    bool const scatter = ops != nullptr && split_ > 1;
+    T* dxp = scatter ? dxfull_.get(rows, in_).data() : dx.data();
+    std::size_t const sdx = scatter ? in_ : dx.stride(0);
+    detail::gemm<C>(rows, in_, local_out_, d, sd, 1, weight_.value().data(), in_, 1, dxp, sdx,
+                    false);
+    if (scatter)
+      detail::tp_scatter_rows(*ops, dxp, in_, tp_, dx, dxtmp_);
+    else if (ops != nullptr)
+      detail::tp_all_reduce(*ops, dx, rows, in_, dxtmp_);
   }
 
 private:
@@ -239,11 +312,17 @@ private:
                    : shard_spec{};
   }
 
+  // x itself, or under sequence parallel every rank's rows of it gathered (tp x its rows).
+  tensor_view<T const> full_input(tp_ops* ops, tensor_view<T const> x) {
+    return detail::sp_full_input(ops, split_, x, in_, xfull_, xtmp_);
+  }
+
   std::string name_;
   std::size_t in_, out_;
   int tp_, rank_;
   std::size_t local_out_;
   bool gather_;
+  int split_;
   bool has_bias_;
   parameter<T> weight_;
   parameter<T> bias_;
@@ -251,12 +330,14 @@ private:
   detail::workspace<T> ylocal_;
   detail::workspace<T> gathered_;
   detail::workspace<T> dxtmp_;
+  detail::workspace<T> xfull_, xtmp_, dxfull_;
 };
 
 /// Options of row_parallel_linear.
 struct row_parallel_options {
   bool bias = true;
-  bool input_is_parallel = true; // x is [rows, in/tp]; false: x is the full [rows, in]
+  bool input_is_parallel = true;  // x is [rows, in/tp]; false: x is the full [rows, in]
+  bool sequence_parallel = false; // y holds this rank's 1/tp of the rows (reduce-scattered)
   init_rule weight_init = {};
 };
 
@@ -264,8 +345,8 @@ struct row_parallel_options {
 /// "<name>.weight", a shard [out, in/tp] of the logical [out, in] (columns rank*in/tp ..),
 /// and "<name>.bias" [out], replicated (each rank holds it whole, with the same gradient).
 /// Activations: x [rows, in/tp] (or [rows, in] with input_is_parallel off), y [rows, out]
-/// (the same on every rank). Throws config_error at construction when in does not divide by
-/// tp.
+/// (the same on every rank); with sequence_parallel, y is this rank's [rows/tp, out] slice of
+/// the rows. Throws config_error at construction when in does not divide by tp.
 template <floating_element T, floating_element C = compute_t<T>>
 class row_parallel_linear {
 public:
@@ -277,7 +358,8 @@ public:
                       tp_group const* tp = nullptr, row_parallel_options options = {})
       : name_(std::move(name)), in_(in), out_(out), tp_(tp_size_of(tp)), rank_(tp_rank_of(tp)),
         local_in_(detail::tp_split(in, tp_, name_, "input features")),
-        input_parallel_(options.input_is_parallel), has_bias_(options.bias),
+        input_parallel_(options.input_is_parallel),
+        split_(detail::sp_split(options.sequence_parallel, tp_)), has_bias_(options.bias),
         weight_(name_ + ".weight", {out, in}, options.weight_init,
                 tp_ > 1
                     ? shard_spec{1, static_cast<std::size_t>(tp_), static_cast<std::size_t>(rank_)}
@@ -295,6 +377,8 @@ public:
   int tp_size() const noexcept { return tp_; }
   int tp_rank() const noexcept { return rank_; }
   bool input_is_parallel() const noexcept { return input_parallel_; }
+  /// tp under sequence parallel (the output holds 1/tp of the rows), else 1.
+  int output_row_split() const noexcept { return split_; }
   bool has_bias() const noexcept { return has_bias_; }
   parameter<T>& weight() noexcept { return weight_; }
   parameter<T>& bias() noexcept { return bias_; }
@@ -308,9 +392,11 @@ public:
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type&) {
     std::size_t const rows = x.extent(0);
-    detail::check_act(x, rows, in_features(), name_, "the input");
-    detail::check_act(y, rows, out_, name_, "the output");
     tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    bool const scatter = ops != nullptr && split_ > 1;
+    detail::check_act(x, rows, in_features(), name_, "the input");
+    detail::check_act(y, scatter ? rows / static_cast<std::size_t>(tp_) : rows, out_, name_,
+                      "the output");
     T const* xl = local_input(x);
     T const* w = weight_.value().data();
     if (ops == nullptr) { // nn::linear's order: y = b, then y += x W^T
@@ -318,13 +404,18 @@ public:
                                 has_bias_ ? bias_.value().data() : nullptr, y.data(), y.stride(0));
       return;
     }
-    // y = sum over ranks of x_local W_local^T, then + b once
-    detail::gemm<C>(rows, out_, local_in_, xl, x.stride(0), 1, w, 1, local_in_, y.data(),
-                    y.stride(0), false);
-    detail::tp_all_reduce(*ops, y, rows, out_, ytmp_);
+    // y = sum over ranks of x_local W_local^T (all-reduced, or reduce-scattered over the rows
+    // under sequence parallel), then + b once
+    T* yp = scatter ? yfull_.get(rows, out_).data() : y.data();
+    detail::gemm<C>(rows, out_, local_in_, xl, x.stride(0), 1, w, 1, local_in_, yp,
+                    scatter ? out_ : y.stride(0), false);
+    if (scatter)
+      detail::tp_scatter_rows(*ops, yp, out_, tp_, y, ytmp_);
+    else
+      detail::tp_all_reduce(*ops, y, rows, out_, ytmp_);
     if (has_bias_) {
       T const* b = bias_.value().data();
-      for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t r = 0; r < y.extent(0); ++r)
         for (std::size_t j = 0; j < out_; ++j)
           y(r, j) = detail::from_compute_value<T>(detail::to_compute_value<C>(y(r, j)) +
                                                   detail::to_compute_value<C>(b[j]));
@@ -332,11 +423,18 @@ public:
   }
 
   void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const&,
-                tensor_view<T const> dy, tensor_view<T> dx) {
+                tensor_view<T const> dy_in, tensor_view<T> dx) {
     std::size_t const rows = x.extent(0);
     detail::check_act(x, rows, in_features(), name_, "the input");
-    detail::check_act(dy, rows, out_, name_, "the output gradient");
     tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    // Sequence parallel: every rank's rows of dy (the reduce-scatter's conjugate).
+    auto dy = dy_in;
+    if (ops != nullptr && split_ > 1) {
+      T* full = dyfull_.get(rows, out_).data();
+      detail::tp_gather_rows(*ops, dy_in, out_, tp_, full, dytmp_);
+      dy = tensor_view<T const>(full, {rows, out_});
+    }
+    detail::check_act(dy, rows, out_, name_, "the output gradient");
     T const* xl = local_input(x);
     // dW[j, p] += sum_r dy[r, j] x[r, p], over this rank's input features p
     detail::gemm<C>(out_, local_in_, rows, dy.data(), 1, dy.stride(0), xl, x.stride(0), 1,
@@ -371,6 +469,7 @@ private:
   int tp_, rank_;
   std::size_t local_in_;
   bool input_parallel_;
+  int split_;
   bool has_bias_;
   parameter<T> weight_;
   parameter<T> bias_;
@@ -378,6 +477,7 @@ private:
   detail::workspace<T> ytmp_;
   detail::workspace<T> dxlocal_;
   detail::workspace<T> gathered_;
+  detail::workspace<T> yfull_, dyfull_, dytmp_;
 };
 
 } // namespace strata::nn

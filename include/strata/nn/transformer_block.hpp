@@ -22,9 +22,10 @@ namespace strata::nn {
 struct block_options {
   std::size_t features = 768;
   std::size_t heads = 12;
-  std::size_t hidden = 0;   // 0: 4 * features
-  double dropout = 0.0;     // residual dropout after attn.proj and mlp.proj
-  std::size_t n_layers = 0; // > 0: GPT-2's residual scaling, proj std 0.02 / sqrt(2 n_layers)
+  std::size_t hidden = 0;         // 0: 4 * features
+  double dropout = 0.0;           // residual dropout after attn.proj and mlp.proj
+  std::size_t n_layers = 0;       // > 0: GPT-2's residual scaling, proj std 0.02 / sqrt(2 n_layers)
+  bool sequence_parallel = false; // parallel_transformer_block only: rows split over tp
 };
 
 namespace detail {

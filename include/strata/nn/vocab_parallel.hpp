@@ -18,6 +18,10 @@
 //     backward: dloss * (softmax of the local columns - the one-hot on the owning rank) /
 //               rows; no communication.
 //
+// Sequence parallel (an option of the embedding): its output holds this rank's 1/tp of the
+// rows: the lookups are reduce-scattered over the rows instead of all-reduced, and backward
+// all-gathers dy's rows first (so every rank's position-table gradient is whole).
+//
 // With tp = 1 (a null group, null ops, or size 1) they are nn::embedding and
 // nn::softmax_cross_entropy, bit for bit.
 #pragma once
@@ -66,9 +70,11 @@ public:
   struct saved_type {};
 
   vocab_parallel_embedding(std::string name, std::size_t vocab, std::size_t max_seq,
-                           std::size_t features, tp_group const* tp = nullptr)
+                           std::size_t features, tp_group const* tp = nullptr,
+                           bool sequence_parallel = false)
       : name_(std::move(name)), vocab_(vocab), max_seq_(max_seq), features_(features),
         tp_(tp_size_of(tp)), rank_(tp_rank_of(tp)),
+        split_(detail::sp_split(sequence_parallel, tp_)),
         local_vocab_(detail::tp_split(vocab, tp_, name_, "vocabulary entries")),
         begin_(static_cast<std::size_t>(rank_) * local_vocab_),
         wte_(name_ + ".wte.weight", {vocab, features}, {}, detail::tp_rows_spec(tp_, rank_)),
@@ -82,6 +88,8 @@ public:
   std::size_t out_features() const noexcept { return features_; }
   int tp_size() const noexcept { return tp_; }
   int tp_rank() const noexcept { return rank_; }
+  /// tp under sequence parallel (the output holds 1/tp of the rows), else 1.
+  int output_row_split() const noexcept { return split_; }
   parameter<T>& token_weight() noexcept { return wte_; }
   parameter<T>& position_weight() noexcept { return wpe_; }
   template <class F>
@@ -103,16 +111,23 @@ public:
       detail::embedding_lookup<C>(ids, te, pe, features_, ctx.seq, y);
       return;
     }
-    // The local rows or zero, summed over the group (one non-zero term: exact).
+    // The local rows or zero, summed over the group (one non-zero term: exact); under
+    // sequence parallel reduce-scattered over the rows.
+    bool const scatter = split_ > 1;
+    tensor_view<T> full = scatter ? yfull_.get(rows, features_) : y;
     for (std::size_t r = 0; r < rows; ++r) {
       std::size_t const id = static_cast<std::size_t>(ids(r));
       bool const own = id >= begin_ && id < begin_ + local_vocab_;
       for (std::size_t j = 0; j < features_; ++j)
-        y(r, j) = own ? te[(id - begin_) * features_ + j] : from_compute_value<T>(C{0});
+        full(r, j) = own ? te[(id - begin_) * features_ + j] : from_compute_value<T>(C{0});
     }
-    detail::tp_all_reduce(*ops, y, rows, features_, ytmp_);
-    for (std::size_t r = 0; r < rows; ++r) {
-      std::size_t const pos = r % ctx.seq;
+    if (scatter)
+      detail::tp_scatter_rows(*ops, full.data(), features_, tp_, y, ytmp_);
+    else
+      detail::tp_all_reduce(*ops, y, rows, features_, ytmp_);
+    std::size_t const first = scatter ? static_cast<std::size_t>(rank_) * y.extent(0) : 0;
+    for (std::size_t r = 0; r < y.extent(0); ++r) {
+      std::size_t const pos = (first + r) % ctx.seq;
       for (std::size_t j = 0; j < features_; ++j)
         y(r, j) = from_compute_value<T>(to_compute_value<C>(y(r, j)) +
                                         to_compute_value<C>(pe[pos * features_ + j]));
@@ -121,7 +136,13 @@ public:
 
   void backward(layer_context const& ctx, tensor_view<index_type const> ids, saved_type const&,
                 tensor_view<T const> dy) {
-    (void)detail::tp_ops_for(ctx, tp_, rank_, name_);
+    tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    if (ops != nullptr && split_ > 1) { // every rank's rows of dy
+      std::size_t const rows = ids.extent(0);
+      T* full = dyfull_.get(rows, features_).data();
+      detail::tp_gather_rows(*ops, dy, features_, tp_, full, dytmp_);
+      dy = tensor_view<T const>(full, {rows, features_});
+    }
     detail::embedding_scatter_add<C>(ids, dy, features_, ctx.seq, wte_.grad().data(),
                                      wpe_.grad().data(), begin_, begin_ + local_vocab_);
   }
@@ -134,10 +155,11 @@ private:
   std::string name_;
   std::size_t vocab_, max_seq_, features_;
   int tp_, rank_;
+  int split_;
   std::size_t local_vocab_, begin_;
   parameter<T> wte_;
   parameter<T> wpe_;
-  detail::workspace<T> ytmp_;
+  detail::workspace<T> ytmp_, yfull_, dyfull_, dytmp_;
 };
 
 /// softmax_cross_entropy over logits split along the vocabulary: logits [rows, classes/tp]

@@ -137,25 +137,24 @@ public:
     }
     auto const& groups = s.training ? train_groups_ : eval_groups_;
     transfer_group const& g = groups[o.arg];
-    std::size_t const rows = s.mb_rows();
     scratch_.clear();
     for (transfer const& t : g.ops) {
       engine::chunk_layers const& c = s.chunks[t.chunk];
       std::uint32_t const first = c.first, last = c.last;
       if (!t.grad) {
         if (t.send) {
-          auto y = s.out[last][t.slot].view(rows, s.layers[last].out);
+          auto y = s.out[last][t.slot].view(s.rows_out(last), s.layers[last].out);
           scratch_.push_back(comm::p2p::send(std::span<T const>(y.data(), y.size()), t.peer));
         } else {
-          auto x = s.in[t.chunk][t.slot].get(rows, s.layers[first].in);
+          auto x = s.in[t.chunk][t.slot].get(s.rows_in(first), s.layers[first].in);
           scratch_.push_back(comm::p2p::recv(std::span<T>(x.data(), x.size()), t.peer));
         }
       } else {
         if (t.send) {
-          auto dx = s.din[t.chunk].get(rows, s.layers[first].in);
+          auto dx = s.din[t.chunk].get(s.rows_in(first), s.layers[first].in);
           scratch_.push_back(comm::p2p::send(std::span<T const>(dx.data(), dx.size()), t.peer));
         } else {
-          auto dy = s.dout[last].get(rows, s.layers[last].out);
+          auto dy = s.dout[last].get(s.rows_out(last), s.layers[last].out);
           scratch_.push_back(comm::p2p::recv(std::span<T>(dy.data(), dy.size()), t.peer));
         }
       }

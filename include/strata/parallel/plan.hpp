@@ -63,6 +63,15 @@ struct stages {
   static constexpr int value = P;
 };
 
+/// The tensor-parallel size when it is known at compile time (checked against the mesh's tp
+/// at construction), so a model that states its sizes as constants (tp_dims, in
+/// parallel/tp_check.hpp) has them checked for divisibility by the compiler.
+template <int N>
+struct degree {
+  static_assert(N >= 1, "strata: degree<N> needs N >= 1");
+  static constexpr int value = N;
+};
+
 /// Sharded data parallel: ZeRO stage S (1: optimizer state sharded over the dp axis; 2:
 /// gradients too; 3: parameters too, FSDP's full shard).
 template <int S>
@@ -117,6 +126,7 @@ struct plan_descriptor {
   } pipeline{};
   struct tensor_parallel_desc {
     bool enabled = false;
+    int degree = 0; // n when the plan names it (degree<N>), else 0: the mesh's tp
   } tensor_parallel{};
   struct sharded_desc {
     bool enabled = false;
@@ -282,16 +292,36 @@ struct sharded {
   }
 };
 
+namespace detail {
+template <class T>
+struct is_degree : std::false_type {};
+template <int N>
+struct is_degree<degree<N>> : std::true_type {};
+} // namespace detail
+
 /// Tensor parallel (Megatron) over the mesh's tp axis: layers written against the
 /// tensor-parallel layers (nn/tensor_parallel.hpp) split their weights over the axis; the
 /// trainer gives them the group (model_builder::tp() at build, layer_context::tp at run) and
-/// counts replicated parameters once in the gradient norm. No options yet.
+/// counts replicated parameters once in the gradient norm. Options, at most once: degree<N>
+/// (the tp size as a constant: the mesh must have tp = N, and a model's constant sizes are
+/// checked against N by the compiler); without it the size is the mesh's tp, checked when
+/// the layers are built.
 template <class... Options>
 struct tensor_parallel {
-  static_assert(sizeof...(Options) == 0,
-                "strata: tensor_parallel<...> takes no options yet: write tensor_parallel<>");
+  static_assert((detail::is_degree<Options>::value && ...),
+                "strata: tensor_parallel<...> got an option it does not know: its option is "
+                "degree<N>");
+  static_assert(detail::count_v<detail::is_degree, Options...> <= 1,
+                "strata: tensor_parallel<...> names degree twice: give it once");
+
   static constexpr bool names_micro_batches = false;
-  static constexpr void lower(plan_descriptor& d) noexcept { d.tensor_parallel.enabled = true; }
+  /// n of degree<N>; 0: the mesh's tp, known at run time only.
+  static constexpr int tp = detail::value_of<detail::is_degree, 0, Options...>::value;
+
+  static constexpr void lower(plan_descriptor& d) noexcept {
+    d.tensor_parallel.enabled = true;
+    d.tensor_parallel.degree = tp;
+  }
 };
 
 namespace detail {
@@ -441,15 +471,15 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
 } // namespace detail
 
 /// The plan: options in any order, each at most once. plan<> trains on one rank.
-/// Options: data_parallel<...> or sharded<...>, tensor_parallel<>, pipeline_parallel<...>,
+/// Options: data_parallel<...> or sharded<...>, tensor_parallel<...>, pipeline_parallel<...>,
 /// micro_batches<M>
 /// (gradient accumulation without a strategy, or beside one that does not name it).
 template <class... Options>
 struct plan {
   static_assert((detail::is_plan_option_v<Options> && ...),
                 "strata: plan<...> got an option it does not know: the options are "
-                "data_parallel<...>, sharded<...>, tensor_parallel<>, pipeline_parallel<...> and "
-                "micro_batches<M>");
+                "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...> "
+                "and micro_batches<M>");
   static_assert(detail::count_v<detail::is_tensor_parallel, Options...> <= 1,
                 "strata: plan<...> names tensor_parallel twice: give it once");
   static_assert(detail::count_v<detail::is_tensor_parallel, Options...> == 0 ||

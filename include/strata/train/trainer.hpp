@@ -23,6 +23,7 @@
 #include <strata/parallel/plan.hpp>
 #include <strata/parallel/sharded.hpp>
 #include <strata/parallel/tensor_parallel.hpp>
+#include <strata/parallel/tp_check.hpp>
 
 #include <cmath>
 #include <cstddef>
@@ -72,6 +73,7 @@ template <engine::model Model, class Plan = plan<>>
 class trainer {
   static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
   static_assert(check_plan<Model, Plan>());
+  static_assert(check_tensor_parallel<Model, Plan>());
 
 public:
   using value_type = typename Model::value_type;
@@ -114,6 +116,12 @@ public:
       axis("tp", shape.tp, "tensor_parallel<>");
     if (!d.pipeline.enabled)
       axis("pp", shape.pp, "pipeline_parallel<...>");
+    if (int const n = d.tensor_parallel.degree; n != 0 && n != shape.tp)
+      throw config_error("strata: plan says tensor_parallel<degree<" + std::to_string(n) +
+                         ">> but the mesh has tp = " + std::to_string(shape.tp) +
+                         ": build the mesh with tp = " + std::to_string(n) +
+                         ", or write tensor_parallel<degree<" + std::to_string(shape.tp) +
+                         ">> (or tensor_parallel<> to take tp from the mesh)");
     if constexpr (d.pipeline.enabled) {
       int const p = shape.pp, v = d.pipeline.chunks;
       if (d.pipeline.stages != 0 && d.pipeline.stages != p)
