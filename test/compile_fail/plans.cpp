@@ -100,11 +100,11 @@ using plan = st::plan<st::sharded<st::zero<4>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 10 // tensor parallel with ZeRO (not built yet)
+#elif STRATA_CASE == 10 // a tensor-parallel degree of 0
 #ifdef STRATA_TWIN
-using plan = st::plan<st::data_parallel<>, st::tensor_parallel<>>;
+using plan = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<st::degree<1>>>;
 #else
-using plan = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<>>;
+using plan = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<st::degree<0>>>;
 #endif
 constexpr auto d = plan::descriptor();
 

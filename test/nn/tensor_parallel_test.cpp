@@ -1,6 +1,7 @@
 // strata::nn tensor parallelism: column- and row-parallel linear layers on the local backend
 // (tp = 1, 2, 4 ranks as threads) against nn::linear on the gathered full weights: forward,
-// backward, shard initialisation, the column -> gelu -> row block, divisibility errors.
+// backward, shard initialisation, the column -> gelu -> row block, divisibility errors; and
+// with sequence parallel (rows split over the group outside the layers' regions) on every row.
 #include "../support/seed.hpp"
 #include "gradcheck.hpp"
 #include "tp_support.hpp"
@@ -225,6 +226,175 @@ void mlp_case(int tp) {
   });
 }
 
+// Sequence parallel column-parallel: x is this rank's rows [rows/tp, in]; y covers every row
+// (this rank's columns, or all of them with gather_output); dx is reduce-scattered back to
+// this rank's rows. The concatenation of the ranks' dx is linear's dx on the full x.
+void column_sp_case(int tp, bool gather) {
+  std::size_t const rows = 8, in = 6, out = 12;
+  on_ranks(tp, batch_ctx(2, 4),
+           [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+             auto const t = static_cast<std::size_t>(tp);
+             std::size_t const lr = rows / t, lo = out / t;
+             std::string const tag =
+                 "sp column tp=" + std::to_string(tp) + (gather ? " gathered " : " ");
+
+             nn::linear<double> ref("mlp.fc", in, out);
+             nn::column_parallel_linear<double> par(
+                 "mlp.fc", in, out, &g, {.gather_output = gather, .sequence_parallel = true});
+             STRATA_CHECK(par.input_row_split() == tp);
+             STRATA_CHECK(
+                 nn::column_parallel_linear<double>("mlp.fc", in, out, &g).input_row_split() == 1);
+             STRATA_CHECK(par.in_features() == in);
+             STRATA_CHECK(par.out_features() == (gather ? out : lo));
+             check_init(ref, par, strata::test::seed() + 2);
+             share_parameters(ref, par, "col");
+
+             vec x(rows * in), dyfull(rows * out);
+             randomize(std::span<double>(x), "tp.sp.col.x");
+             randomize(std::span<double>(dyfull), "tp.sp.col.dy");
+             vec yref(rows * out), dxref(rows * in);
+             nn::linear<double>::saved_type rs;
+             nn::layer_context rctx = ctx;
+             rctx.tp = nullptr;
+             ref.forward(rctx, {x.data(), {rows, in}}, {yref.data(), {rows, out}}, rs);
+             ref.backward(rctx, {x.data(), {rows, in}}, rs, {dyfull.data(), {rows, out}},
+                          {dxref.data(), {rows, in}});
+
+             std::size_t const c0 = static_cast<std::size_t>(rank) * lo;
+             std::size_t const yo = par.out_features();
+             vec const xl = rank_rows(x, in, tp, rank);
+             vec const dy = gather ? dyfull : columns(dyfull, out, c0, lo);
+             vec const ywant = gather ? yref : columns(yref, out, c0, lo);
+             vec y(rows * yo), dx(lr * in);
+             decltype(par)::saved_type ps;
+             for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
+               nn::zero_grad(par);
+               par.forward(ctx, {xl.data(), {lr, in}}, {y.data(), {rows, yo}}, ps);
+               par.backward(ctx, {xl.data(), {lr, in}}, ps, {dy.data(), {rows, yo}},
+                            {dx.data(), {lr, in}});
+               check_close(cspan(y), cspan(ywant), tag + "y", tp);
+               check_close(cspan(gather_rows(ops, tp, cspan(dx))), cspan(dxref), tag + "dx", tp);
+               check_close(grads_of(par.weight()),
+                           cspan(shard_of(par.weight(), grads_of(ref.weight()))), tag + "dW", tp);
+               check_close(grads_of(par.bias()), cspan(shard_of(par.bias(), grads_of(ref.bias()))),
+                           tag + "db", tp);
+             }
+           });
+}
+
+// Sequence parallel row-parallel: x is [rows, in/tp] (this rank's features of every row); y
+// is this rank's rows [rows/tp, out] (reduce-scattered); backward takes dy's rows of this
+// rank. The concatenation of the ranks' y is linear's y; dx its own columns of linear's dx.
+void row_sp_case(int tp) {
+  std::size_t const rows = 8, in = 8, out = 6;
+  on_ranks(
+      tp, batch_ctx(4, 2), [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+        auto const t = static_cast<std::size_t>(tp);
+        std::size_t const lr = rows / t, li = in / t;
+        std::string const tag = "sp row tp=" + std::to_string(tp) + " ";
+
+        nn::linear<double> ref("mlp.proj", in, out);
+        nn::row_parallel_linear<double> par("mlp.proj", in, out, &g, {.sequence_parallel = true});
+        STRATA_CHECK(par.output_row_split() == tp);
+        STRATA_CHECK(nn::row_parallel_linear<double>("mlp.proj", in, out, &g).output_row_split() ==
+                     1);
+        STRATA_CHECK(par.in_features() == li && par.out_features() == out);
+        check_init(ref, par, strata::test::seed() + 3);
+        share_parameters(ref, par, "row");
+
+        vec xfull(rows * in), dyfull(rows * out);
+        randomize(std::span<double>(xfull), "tp.sp.row.x");
+        randomize(std::span<double>(dyfull), "tp.sp.row.dy");
+        vec yref(rows * out), dxref(rows * in);
+        nn::linear<double>::saved_type rs;
+        nn::layer_context rctx = ctx;
+        rctx.tp = nullptr;
+        ref.forward(rctx, {xfull.data(), {rows, in}}, {yref.data(), {rows, out}}, rs);
+        ref.backward(rctx, {xfull.data(), {rows, in}}, rs, {dyfull.data(), {rows, out}},
+                     {dxref.data(), {rows, in}});
+
+        std::size_t const c0 = static_cast<std::size_t>(rank) * li;
+        vec const x = columns(xfull, in, c0, li);
+        vec const dy = rank_rows(dyfull, out, tp, rank);
+        vec y(lr * out), dx(rows * li);
+        decltype(par)::saved_type ps;
+        for (int rep = 0; rep < 2; ++rep) {
+          nn::zero_grad(par);
+          par.forward(ctx, {x.data(), {rows, li}}, {y.data(), {lr, out}}, ps);
+          par.backward(ctx, {x.data(), {rows, li}}, ps, {dy.data(), {lr, out}},
+                       {dx.data(), {rows, li}});
+          check_close(cspan(gather_rows(ops, tp, cspan(y))), cspan(yref), tag + "y", tp);
+          check_close(cspan(dx), cspan(columns(dxref, in, c0, li)), tag + "dx", tp);
+          check_close(grads_of(par.weight()), cspan(shard_of(par.weight(), grads_of(ref.weight()))),
+                      tag + "dW", tp);
+          check_close(grads_of(par.bias()), grads_of(ref.bias()), tag + "db", tp);
+        }
+      });
+}
+
+// The sequence-parallel MLP: rows-split x -> column (all-gather) -> gelu -> row
+// (reduce-scatter) -> rows-split y, against linear -> gelu -> linear on every row.
+void mlp_sp_case(int tp) {
+  std::size_t const rows = 8, d = 8, h = 16;
+  on_ranks(
+      tp, batch_ctx(2, 4), [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+        auto const t = static_cast<std::size_t>(tp);
+        std::size_t const hl = h / t, lr = rows / t;
+
+        nn::linear<double> fc("blk.mlp.fc", d, h), proj("blk.mlp.proj", h, d);
+        nn::gelu<double> act_full("blk.mlp.act", h), act("blk.mlp.act", hl);
+        nn::column_parallel_linear<double> pfc("blk.mlp.fc", d, h, &g, {.sequence_parallel = true});
+        nn::row_parallel_linear<double> pproj("blk.mlp.proj", h, d, &g,
+                                              {.sequence_parallel = true});
+        share_parameters(fc, pfc, "fc");
+        share_parameters(proj, pproj, "proj");
+
+        vec x(rows * d), dy(rows * d);
+        randomize(std::span<double>(x), "tp.sp.mlp.x");
+        randomize(std::span<double>(dy), "tp.sp.mlp.dy");
+
+        nn::layer_context rctx = ctx;
+        rctx.tp = nullptr;
+        vec h1(rows * h), h2(rows * h), yref(rows * d), dh2(rows * h), dh1(rows * h),
+            dxref(rows * d);
+        nn::linear<double>::saved_type s1, s3;
+        nn::gelu<double>::saved_type s2;
+        fc.forward(rctx, {x.data(), {rows, d}}, {h1.data(), {rows, h}}, s1);
+        act_full.forward(rctx, {h1.data(), {rows, h}}, {h2.data(), {rows, h}}, s2);
+        proj.forward(rctx, {h2.data(), {rows, h}}, {yref.data(), {rows, d}}, s3);
+        proj.backward(rctx, {h2.data(), {rows, h}}, s3, {dy.data(), {rows, d}},
+                      {dh2.data(), {rows, h}});
+        act_full.backward(rctx, {h1.data(), {rows, h}}, s2, {dh2.data(), {rows, h}},
+                          {dh1.data(), {rows, h}});
+        fc.backward(rctx, {x.data(), {rows, d}}, s1, {dh1.data(), {rows, h}},
+                    {dxref.data(), {rows, d}});
+
+        vec const xl = rank_rows(x, d, tp, rank), dyl = rank_rows(dy, d, tp, rank);
+        vec p1(rows * hl), p2(rows * hl), y(lr * d), dp2(rows * hl), dp1(rows * hl), dx(lr * d);
+        decltype(pfc)::saved_type t1;
+        decltype(pproj)::saved_type t3;
+        pfc.forward(ctx, {xl.data(), {lr, d}}, {p1.data(), {rows, hl}}, t1);
+        act.forward(ctx, {p1.data(), {rows, hl}}, {p2.data(), {rows, hl}}, s2);
+        pproj.forward(ctx, {p2.data(), {rows, hl}}, {y.data(), {lr, d}}, t3);
+        pproj.backward(ctx, {p2.data(), {rows, hl}}, t3, {dyl.data(), {lr, d}},
+                       {dp2.data(), {rows, hl}});
+        act.backward(ctx, {p1.data(), {rows, hl}}, s2, {dp2.data(), {rows, hl}},
+                     {dp1.data(), {rows, hl}});
+        pfc.backward(ctx, {xl.data(), {lr, d}}, t1, {dp1.data(), {rows, hl}}, {dx.data(), {lr, d}});
+
+        std::string const tag = "sp mlp tp=" + std::to_string(tp) + " ";
+        check_close(cspan(gather_rows(ops, tp, cspan(y))), cspan(yref), tag + "y", tp);
+        check_close(cspan(gather_rows(ops, tp, cspan(dx))), cspan(dxref), tag + "dx", tp);
+        check_close(grads_of(pfc.weight()), cspan(shard_of(pfc.weight(), grads_of(fc.weight()))),
+                    tag + "fc dW", tp);
+        check_close(grads_of(pfc.bias()), cspan(shard_of(pfc.bias(), grads_of(fc.bias()))),
+                    tag + "fc db", tp);
+        check_close(grads_of(pproj.weight()),
+                    cspan(shard_of(pproj.weight(), grads_of(proj.weight()))), tag + "proj dW", tp);
+        check_close(grads_of(pproj.bias()), grads_of(proj.bias()), tag + "proj db", tp);
+      });
+}
+
 } // namespace
 
 TEST_CASE("column-parallel linear equals linear on the gathered weights", "[tp]") {
@@ -250,6 +420,36 @@ TEST_CASE("column -> gelu -> row equals linear -> gelu -> linear", "[tp]") {
   }
 }
 
+TEST_CASE("sequence-parallel column-parallel linear equals linear on every row", "[tp][sp]") {
+  for (int tp : {2, 4})
+    for (bool gather : {false, true}) {
+      INFO("tp = " << tp << ", gather_output = " << gather);
+      column_sp_case(tp, gather);
+    }
+}
+
+TEST_CASE("sequence-parallel row-parallel linear equals linear on every row", "[tp][sp]") {
+  for (int tp : {2, 4}) {
+    INFO("tp = " << tp);
+    row_sp_case(tp);
+  }
+}
+
+TEST_CASE("sequence-parallel column -> gelu -> row equals linear -> gelu -> linear", "[tp][sp]") {
+  for (int tp : {2, 4}) {
+    INFO("tp = " << tp);
+    mlp_sp_case(tp);
+  }
+}
+
+TEST_CASE("sequence parallel on a size-1 tp group is the tp = 1 layer, bit for bit", "[tp][sp]") {
+  // One rank: its rows are all rows, and check_close compares bit for bit.
+  for (bool gather : {false, true})
+    column_sp_case(1, gather);
+  row_sp_case(1);
+  mlp_sp_case(1);
+}
+
 TEST_CASE("a null or size-1 tp group is nn::linear, bit for bit, in float", "[tp]") {
   std::size_t const rows = 4, in = 6, out = 10;
   nn::layer_context ctx;
@@ -257,10 +457,15 @@ TEST_CASE("a null or size-1 tp group is nn::linear, bit for bit, in float", "[tp
   nn::linear<float> ref("l", in, out);
   nn::column_parallel_linear<float> col("l", in, out);
   nn::row_parallel_linear<float> row("l", in, out, nullptr, {.input_is_parallel = false});
+  // Sequence parallel on a null group: no row split either.
+  nn::column_parallel_linear<float> colsp("l", in, out, nullptr, {.sequence_parallel = true});
+  nn::row_parallel_linear<float> rowsp("l", in, out, nullptr, {.sequence_parallel = true});
+  CHECK(colsp.input_row_split() == 1);
+  CHECK(rowsp.output_row_split() == 1);
   nn::test::randomize_parameters(ref);
-  for (auto* p : {&col.weight(), &row.weight()})
+  for (auto* p : {&col.weight(), &row.weight(), &colsp.weight(), &rowsp.weight()})
     std::copy(ref.weight().values().begin(), ref.weight().values().end(), p->values().begin());
-  for (auto* p : {&col.bias(), &row.bias()})
+  for (auto* p : {&col.bias(), &row.bias(), &colsp.bias(), &rowsp.bias()})
     std::copy(ref.bias().values().begin(), ref.bias().values().end(), p->values().begin());
   CHECK_FALSE(col.weight().sharded());
   CHECK_FALSE(row.weight().sharded());
@@ -281,6 +486,8 @@ TEST_CASE("a null or size-1 tp group is nn::linear, bit for bit, in float", "[tp
   auto const want = run(ref);
   CHECK(run(col) == want);
   CHECK(run(row) == want);
+  CHECK(run(colsp) == want);
+  CHECK(run(rowsp) == want);
 }
 
 TEST_CASE("shards: runs and initialisation", "[tp]") {

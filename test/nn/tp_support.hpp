@@ -59,6 +59,42 @@ inline vec columns(vec const& m, std::size_t cols, std::size_t c0, std::size_t n
   return out;
 }
 
+/// Sequence parallel: this rank's rows of a rows x cols matrix, the rank-th of tp equal
+/// contiguous slices (rows rank * rows/tp ..).
+inline vec rank_rows(vec const& m, std::size_t cols, int tp, int rank) {
+  auto const t = static_cast<std::size_t>(tp), q = static_cast<std::size_t>(rank);
+  std::size_t const n = m.size() / cols / t;
+  STRATA_CHECK(n * t * cols == m.size());
+  return vec(m.begin() + static_cast<std::ptrdiff_t>(q * n * cols),
+             m.begin() + static_cast<std::ptrdiff_t>((q + 1) * n * cols));
+}
+
+/// Sequence parallel: every rank's rows `local` concatenated in rank order (all-gathered over
+/// the group; local itself at tp = 1).
+inline vec gather_rows(tp_ops& ops, int tp, std::span<double const> local) {
+  if (tp == 1)
+    return vec(local.begin(), local.end());
+  vec full(static_cast<std::size_t>(tp) * local.size());
+  ops.all_gather(local, std::span<double>(full));
+  return full;
+}
+
+/// The sum over the group of every rank's `local` (all-reduced; local itself at tp = 1).
+inline vec sum_over_ranks(tp_ops& ops, int tp, std::span<double const> local) {
+  vec out(local.begin(), local.end());
+  if (tp > 1)
+    ops.all_reduce_sum(std::span<double>(out));
+  return out;
+}
+
+/// x2 elementwise (the gradient of two micro-batches on the same data).
+inline vec twice(std::span<double const> v) {
+  vec out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i)
+    out[i] = 2 * v[i];
+  return out;
+}
+
 /// The positions of a shard within its full tensor, taken from its runs.
 template <class P>
 vec shard_of(P const& p, std::span<double const> full) {

@@ -1,7 +1,8 @@
 // strata::nn vocabulary parallelism: vocab_parallel_embedding and vocab_parallel_cross_entropy
 // on the local backend (tp = 1, 2, 4 ranks as threads) against nn::embedding and
 // nn::softmax_cross_entropy on the full table and logits: forward, backward, shard
-// initialisation, column_parallel_linear -> vocab-parallel loss, divisibility errors.
+// initialisation, column_parallel_linear -> vocab-parallel loss, divisibility errors; the
+// sequence-parallel embedding (each rank's rows of the output) on every row.
 #include "../support/seed.hpp"
 #include "gradcheck.hpp"
 #include "tp_support.hpp"
@@ -95,6 +96,59 @@ void embedding_case(int tp) {
                par.forward(ctx, {ids.data(), {rows}}, {y.data(), {rows, d}}, ps);
                par.backward(ctx, {ids.data(), {rows}}, ps, {dy.data(), {rows, d}});
                check_close(cspan(y), cspan(yref), tag + "y", tp);
+               check_close(grads_of(par.token_weight()),
+                           cspan(shard_of(par.token_weight(), grads_of(*rp[0]))), tag + "dwte", tp);
+               check_close(grads_of(par.position_weight()), grads_of(*rp[1]), tag + "dwpe", tp);
+             }
+           });
+}
+
+// Sequence parallel: every rank takes every row's ids and outputs its own rows [rows/tp, d]
+// (reduce-scattered), with positions (rank * rows/tp + r) mod seq; backward takes those
+// rows of dy. rows/tp is not a multiple of seq, so a rank's rows start mid-sequence.
+void embedding_sp_case(int tp) {
+  std::size_t const batch = 3, seq = 4, rows = batch * seq, vocab = 16, max_seq = 6, d = 5;
+  on_ranks(tp, batch_ctx(batch, seq),
+           [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+             std::string const tag = "sp embedding tp=" + std::to_string(tp) + " ";
+             std::size_t const lr = rows / static_cast<std::size_t>(tp);
+
+             nn::embedding<double> ref("emb", vocab, max_seq, d);
+             nn::vocab_parallel_embedding<double> par("emb", vocab, max_seq, d, &g, true);
+             STRATA_CHECK(par.output_row_split() == tp);
+             STRATA_CHECK(nn::vocab_parallel_embedding<double>("emb", vocab, max_seq, d, &g)
+                              .output_row_split() == 1);
+             STRATA_CHECK(par.token_weight().sharded() == (tp > 1));
+             STRATA_CHECK(!par.position_weight().sharded());
+             auto rp = parameters_of(ref);
+             auto pp = parameters_of(par);
+             STRATA_CHECK(rp.size() == 2 && pp.size() == 2);
+
+             // Random tables from the test seed, copied into the shards.
+             nn::test::randomize_parameters(ref);
+             for (std::size_t k = 0; k < 2; ++k) {
+               STRATA_CHECK(rp[k]->name() == pp[k]->name());
+               vec const v = shard_of(*pp[k], values_of(*rp[k]));
+               std::copy(v.begin(), v.end(), pp[k]->values().begin());
+             }
+             ids_t const ids = random_ids(rows, vocab, "vp.sp.emb.ids");
+             vec dy(rows * d);
+             randomize(std::span<double>(dy), "vp.sp.emb.dy");
+             vec yref(rows * d);
+             nn::embedding<double>::saved_type rs;
+             nn::layer_context rctx = ctx;
+             rctx.tp = nullptr;
+             ref.forward(rctx, {ids.data(), {rows}}, {yref.data(), {rows, d}}, rs);
+             ref.backward(rctx, {ids.data(), {rows}}, rs, {dy.data(), {rows, d}});
+
+             vec const dyl = rank_rows(dy, d, tp, rank);
+             vec y(lr * d);
+             decltype(par)::saved_type ps;
+             for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
+               nn::zero_grad(par);
+               par.forward(ctx, {ids.data(), {rows}}, {y.data(), {lr, d}}, ps);
+               par.backward(ctx, {ids.data(), {rows}}, ps, {dyl.data(), {lr, d}});
+               check_close(cspan(gather_rows(ops, tp, cspan(y))), cspan(yref), tag + "y", tp);
                check_close(grads_of(par.token_weight()),
                            cspan(shard_of(par.token_weight(), grads_of(*rp[0]))), tag + "dwte", tp);
                check_close(grads_of(par.position_weight()), grads_of(*rp[1]), tag + "dwpe", tp);
@@ -204,6 +258,20 @@ TEST_CASE("vocab-parallel embedding equals embedding on the full table", "[tp][v
   }
 }
 
+TEST_CASE("sequence-parallel vocab-parallel embedding equals embedding on every row",
+          "[tp][vocab][sp]") {
+  for (int tp : {2, 4}) {
+    INFO("tp = " << tp);
+    embedding_sp_case(tp);
+  }
+}
+
+TEST_CASE("sequence-parallel vocab-parallel embedding on a size-1 group is embedding, bit for "
+          "bit",
+          "[tp][vocab][sp]") {
+  embedding_sp_case(1);
+}
+
 TEST_CASE("vocab-parallel cross-entropy equals softmax_cross_entropy on the full logits",
           "[tp][vocab]") {
   for (int tp : {1, 2, 4}) {
@@ -248,6 +316,23 @@ TEST_CASE("a null tp group is nn::embedding and softmax_cross_entropy, bit for b
   for (std::size_t k = 0; k < 2; ++k)
     CHECK(std::vector<float>(rp[k]->grads().begin(), rp[k]->grads().end()) ==
           std::vector<float>(pp[k]->grads().begin(), pp[k]->grads().end()));
+  // Sequence parallel on a null group: no row split, the same bits.
+  {
+    nn::vocab_parallel_embedding<float> spe("emb", vocab, rows, d, nullptr, true);
+    CHECK(spe.output_row_split() == 1);
+    std::vector<nn::parameter<float>*> sp;
+    spe.for_each_parameter([&](auto& p) { sp.push_back(&p); });
+    for (std::size_t k = 0; k < 2; ++k)
+      std::copy(rp[k]->values().begin(), rp[k]->values().end(), sp[k]->values().begin());
+    std::vector<float> y3(rows * d);
+    decltype(spe)::saved_type s3;
+    spe.forward(ctx, {ids.data(), {rows}}, {y3.data(), {rows, d}}, s3);
+    spe.backward(ctx, {ids.data(), {rows}}, s3, {dy.data(), {rows, d}});
+    CHECK(y1 == y3);
+    for (std::size_t k = 0; k < 2; ++k)
+      CHECK(std::vector<float>(rp[k]->grads().begin(), rp[k]->grads().end()) ==
+            std::vector<float>(sp[k]->grads().begin(), sp[k]->grads().end()));
+  }
 
   nn::softmax_cross_entropy<float> ce("loss", vocab);
   nn::vocab_parallel_cross_entropy<float> pce("loss", vocab);

@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace st = strata;
@@ -120,6 +121,29 @@ TEMPLATE_TEST_CASE("the GPT with sequence parallel trains like one rank",
       2, g, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.tp = 2}));
   st::test::require_ok(st::test::check_parity<dp_tp>(
       4, g, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
+}
+
+TEMPLATE_TEST_CASE("tensor parallel with ZeRO 1, 2, 3 trains like one rank",
+                   "[parallel][tp][zero][parity]", float, double) {
+  // Clipping active: each element counts once, though the shards hold tp-replicated
+  // parameters on every tp rank.
+  st::models::gpt_model<TestType> g{
+      {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
+  auto const opt =
+      std::is_same_v<TestType, double> ? parity_optimizer::adamw : parity_optimizer::sgd;
+  double const lr = std::is_same_v<TestType, double> ? 1e-2 : 5e-2;
+  st::test::parity_options const o{
+      .sequences = 8, .seq = 8, .optimizer = opt, .lr = lr, .clip = 0.1};
+  using z1 = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<>>;
+  using z2 = st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>, st::tensor_parallel<>>;
+  using z3 = st::plan<st::sharded<st::zero<3>>, st::tensor_parallel<>>;
+  st::test::require_ok(st::test::check_parity<z1>(4, g, o, {.dp = 2, .tp = 2}));
+  st::test::require_ok(st::test::check_parity<z2>(4, g, o, {.dp = 2, .tp = 2}));
+  st::test::require_ok(st::test::check_parity<z3>(4, g, o, {.dp = 2, .tp = 2}));
+  // With sequence parallel and dropout.
+  g.config.sequence_parallel = true;
+  g.config.dropout = 0.2;
+  st::test::require_ok(st::test::check_parity<z3>(4, g, o, {.dp = 2, .tp = 2}));
 }
 
 TEST_CASE("sequence parallel refuses rows that do not split over tp", "[parallel][tp][sp]") {

@@ -257,26 +257,46 @@ public:
     owned.clear();
     value_pieces.clear();
     grad_pieces.clear();
-    if (hold_values && hold_grads) {
-      if (!norm_skips_replicated) {
-        owned.push_back({values.data(), grads.data(), tail_begin, 0, true});
-      } else {
-        // One range per run of parameters that are sharded (counted) or replicated (not).
-        for (auto const& e : params) {
-          bool const counted = e.p->sharded();
-          if (!owned.empty() && owned.back().in_norm == counted &&
-              owned.back().values + owned.back().count == values.data() + e.offset)
-            owned.back().count += e.p->size();
-          else
-            owned.push_back({values.data() + e.offset, grads.data() + e.offset, e.p->size(),
-                             e.offset, counted});
-        }
-      }
-    }
+    if (hold_values && hold_grads)
+      add_owned(values.data(), grads.data(), 0, tail_begin, 0);
     if (hold_values)
       add_pieces(value_pieces, 0, flat_size, values.data());
     if (hold_grads)
       add_pieces(grad_pieces, 0, flat_size, grads.data());
+  }
+
+  /// Adds flat elements [flat, flat + count) to what this rank updates: values at `values`,
+  /// gradients at `grads`, optimizer state from `state_offset`. One range; or, when this rank
+  /// leaves the parameters replicated over the tp group out of the norm, one range per run of
+  /// counted (tp-sharded, or padding, whose gradients are 0) and uncounted elements.
+  void add_owned(T* values_at, T* grads_at, std::size_t flat, std::size_t count,
+                 std::size_t state_offset) {
+    auto push = [&](std::size_t lo, std::size_t hi, bool counted) {
+      if (lo >= hi)
+        return;
+      std::size_t const d = lo - flat;
+      if (!owned.empty() && owned.back().in_norm == counted &&
+          owned.back().values + owned.back().count == values_at + d &&
+          owned.back().grads + owned.back().count == grads_at + d)
+        owned.back().count += hi - lo;
+      else
+        owned.push_back({values_at + d, grads_at + d, hi - lo, state_offset + d, counted});
+    };
+    std::size_t const end = flat + count;
+    if (!norm_skips_replicated) {
+      push(flat, end, true);
+      return;
+    }
+    std::size_t at = flat; // params are in flat order
+    for (auto const& e : params) {
+      std::size_t const lo = std::max(e.offset, flat), hi = std::min(e.offset + e.p->size(), end);
+      if (lo >= hi)
+        continue;
+      push(at, lo, true); // padding before it
+      push(lo, hi, e.p->sharded());
+      at = hi;
+    }
+    push(at, end, true);
   }
 
   /// Appends the pieces of the parameters that flat elements [begin, begin + count) hold,

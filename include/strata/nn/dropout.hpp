@@ -1,4 +1,5 @@
-// dropout: counter-based masks keyed by (layer name, seed, step, micro-batch, element).
+// dropout: counter-based masks keyed by (layer name, seed, step, the element's place in the
+// step's global batch).
 #pragma once
 
 #include <strata/core/element.hpp>

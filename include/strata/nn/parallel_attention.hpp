@@ -44,7 +44,8 @@ namespace strata::nn {
 /// order as causal_self_attention): "<name>.qkv.weight", a shard [3, F/tp, F] of the logical
 /// [3, F, F] (= [3F, F]); "<name>.qkv.bias", a shard [3, F/tp] of [3, F]; "<name>.proj.weight",
 /// a shard [F, F/tp] of [F, F]; "<name>.proj.bias" [F], replicated. Activations: x [rows, F]
-/// and y [rows, F], the same on every rank. Throws config_error at construction when features
+/// and y [rows, F], the same on every rank (with sequence_parallel, each rank's [rows/tp, F]
+/// slice of the rows). Throws config_error at construction when features
 /// do not divide by heads, or heads (hence features) do not divide by tp.
 template <floating_element T, floating_element C = compute_t<T>>
 class parallel_causal_self_attention {

@@ -187,8 +187,8 @@ void tp_scatter_rows(tp_ops& ops, T const* full, std::size_t cols, int tp, tenso
 /// x itself, or under sequence parallel (split > 1) every rank's rows of x gathered into
 /// `full` (split x its rows).
 template <class T>
-tensor_view<T const> sp_full_input(tp_ops* ops, int split, tensor_view<T const> x,
-                                   std::size_t cols, workspace<T>& full, workspace<T>& tmp) {
+tensor_view<T const> sp_full_input(tp_ops* ops, int split, tensor_view<T const> x, std::size_t cols,
+                                   workspace<T>& full, workspace<T>& tmp) {
   if (ops == nullptr || split == 1)
     return x;
   std::size_t const rows = x.extent(0) * static_cast<std::size_t>(split);

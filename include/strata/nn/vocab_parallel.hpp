@@ -59,7 +59,8 @@ inline shard_spec tp_rows_spec(int tp, int rank) noexcept {
 /// wpe[r mod seq]. Parameters "<name>.wte.weight", a shard [vocab/tp, features] of the logical
 /// [vocab, features] (rows rank*vocab/tp ..), and "<name>.wpe.weight" [max_seq, features],
 /// replicated. Input: token ids (std::int32_t) of the whole vocabulary, the same on every
-/// rank; output [rows, features], the same on every rank. Throws config_error at construction
+/// rank; output [rows, features], the same on every rank (with sequence_parallel, each rank's
+/// [rows/tp, features] slice of the rows). Throws config_error at construction
 /// when vocab does not divide by tp.
 template <floating_element T, floating_element C = compute_t<T>>
 class vocab_parallel_embedding {

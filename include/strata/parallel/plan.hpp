@@ -482,11 +482,6 @@ struct plan {
                 "and micro_batches<M>");
   static_assert(detail::count_v<detail::is_tensor_parallel, Options...> <= 1,
                 "strata: plan<...> names tensor_parallel twice: give it once");
-  static_assert(detail::count_v<detail::is_tensor_parallel, Options...> == 0 ||
-                    detail::count_v<detail::is_sharded, Options...> == 0,
-                "strata: tensor_parallel with sharded is not built yet (the shards would count "
-                "replicated parameters in the norm once per tp rank): use data_parallel with "
-                "tensor_parallel for now");
   static_assert(detail::count_v<detail::is_sharded, Options...> <= 1,
                 "strata: plan<...> names sharded twice: give it once");
   static_assert(detail::count_v<detail::is_sharded, Options...> == 0 ||

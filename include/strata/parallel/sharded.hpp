@@ -198,8 +198,8 @@ public:
       s.grad_pieces.clear();
       for (std::size_t g = 0; g < segs_.size(); ++g) {
         auto const& v = segs_[g];
-        s.owned.push_back(
-            {s.values.data() + v.begin, s.grads.data() + v.begin, v.count, v.shard_offset, true});
+        s.add_owned(s.values.data() + v.begin, s.grads.data() + v.begin, v.begin, v.count,
+                    v.shard_offset);
         s.add_pieces(s.grad_pieces, v.begin, v.count, s.grads.data() + v.begin);
       }
       return;
@@ -219,8 +219,8 @@ public:
       for (std::size_t g = 0; g < segs_.size(); ++g) {
         auto const& v = segs_[g];
         value_base_[g] = s.values.data() + s.segments[g].begin;
-        s.owned.push_back({s.values.data() + v.begin, shard_grads_.data() + v.shard_offset, v.count,
-                           v.shard_offset, true});
+        s.add_owned(s.values.data() + v.begin, shard_grads_.data() + v.shard_offset, v.begin,
+                    v.count, v.shard_offset);
         s.add_pieces(s.grad_pieces, v.begin, v.count, shard_grads_.data() + v.shard_offset);
         bind(g);
       }
@@ -244,8 +244,8 @@ public:
                         s.seed, pc.first);
       }
       s.add_pieces(s.grad_pieces, v.begin, v.count, shard_grads_.data() + v.shard_offset);
+      s.add_owned(base, shard_grads_.data() + v.shard_offset, v.begin, v.count, v.shard_offset);
     }
-    s.owned.push_back({shard_values_.data(), shard_grads_.data(), shard_total_, 0, true});
   }
 
   void rewrite(engine::program& p, std::uint16_t id) override {
