@@ -1,7 +1,7 @@
-// Data-parallel, sharded (ZeRO 1, 2, 3) and pipeline parity under MPI: run with mpirun -np N (2
-// and 4 in the suite). Every rank gets only its slice of the global batch; every rank checks
-// against one rank on the whole batch and all agree on the report. Rank 0 prints one line per
-// check; exit 1 on a failure.
+// Data-parallel, sharded (ZeRO 1, 2, 3), pipeline and tensor-parallel parity under MPI: run with
+// mpirun -np N (2 and 4 in the suite). Every rank gets only its slice of the global batch; every
+// rank checks against one rank on the whole batch and all agree on the report. Rank 0 prints one
+// line per check; exit 1 on a failure.
 #include <strata/comm/mpi.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
@@ -69,6 +69,54 @@ int main(int argc, char** argv) {
            st::test::check_parity<st::plan<
                st::data_parallel<>, st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>>(
                world, gpt8, {.sequences = 8, .seq = 8, .seed = s}, {.dp = 2, .pp = 2}));
+    // Tensor parallel: the 4-block GPT on the tp layers (vocabulary, heads and hidden width
+    // divide by 2 and 4), tp = n, and on 4 processes dp 2 x tp 2 and pp 2 x tp 2; dropout on
+    // (every rank draws its rows of one device's masks) and clipping active (the replicated
+    // parameters count once in the norm) on some lines.
+    using tp = st::plan<st::tensor_parallel<>>;
+    using dp_tp = st::plan<st::data_parallel<>, st::tensor_parallel<>>;
+    using pp_tp = st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>,
+                           st::tensor_parallel<>>;
+    using pp_v2_tp = st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>>,
+                              st::tensor_parallel<>>;
+    st::models::gpt_config const tp_shape{
+        .vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 4};
+    st::models::gpt_model<float> const gtp32{tp_shape};
+    st::models::gpt_model<double> const gtp64{tp_shape};
+    auto drop32 = gtp32;
+    drop32.config.dropout = 0.1;
+    auto drop64 = gtp64;
+    drop64.config.dropout = 0.1;
+    st::test::parity_options const sgd32{
+        .sequences = 4, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2, .seed = s};
+    st::test::parity_options const adamw64{.sequences = 4, .seq = 8, .seed = s};
+    std::string const tpn = " tp" + std::to_string(n);
+    auto clip32 = sgd32;
+    clip32.clip = 0.1;
+    line(("gpt4 f32 sgd" + tpn + ", clipping active").c_str(),
+         st::test::check_parity<tp>(world, gtp32, clip32, {.tp = n}));
+    line(("gpt4 f64 adamw" + tpn + ", dropout 0.1").c_str(),
+         st::test::check_parity<tp>(world, drop64, adamw64, {.tp = n}));
+    auto sp32 = drop32;
+    sp32.config.sequence_parallel = true;
+    line(("gpt4 f32 sgd" + tpn + " sequence parallel, dropout 0.1, clipping active").c_str(),
+         st::test::check_parity<tp>(world, sp32, clip32, {.tp = n}));
+    if (n == 4) {
+      auto sgd32_dp = sgd32;
+      sgd32_dp.sequences = 8;
+      auto adamw64_dp = adamw64;
+      adamw64_dp.sequences = 8;
+      line("gpt4 f32 sgd dp2 x tp2, dropout 0.1",
+           st::test::check_parity<dp_tp>(world, drop32, sgd32_dp, {.dp = 2, .tp = 2}));
+      line("gpt4 f64 adamw dp2 x tp2",
+           st::test::check_parity<dp_tp>(world, gtp64, adamw64_dp, {.dp = 2, .tp = 2}));
+      line("gpt4 f32 sgd pp2 x tp2 1f1b m4",
+           st::test::check_parity<pp_tp>(world, gtp32, sgd32, {.tp = 2, .pp = 2}));
+      line("gpt4 f32 sgd pp2 x tp2 1f1b m4 sequence parallel, dropout 0.1",
+           st::test::check_parity<pp_tp>(world, sp32, sgd32, {.tp = 2, .pp = 2}));
+      line("gpt4 f64 adamw pp2 x tp2 v2 m4, dropout 0.1",
+           st::test::check_parity<pp_v2_tp>(world, drop64, adamw64, {.tp = 2, .pp = 2}));
+    }
     line("mlp f64 sgd, clipping active",
          st::test::check_parity<ddp_acc>(world, m64,
                                          {.sequences = 2 * b,

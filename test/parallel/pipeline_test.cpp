@@ -1,6 +1,7 @@
 // Pipeline parallel: stage partitions, parity with one rank for every schedule (p = 2 and 4,
-// m = 1, 4, 8, interleaved with v = 2, with and without data parallel), the executed trace
-// against the table, per-rank parameter bytes, and refusals with the numbers.
+// m = 1, 4, 8, interleaved with v = 2, with and without data parallel, and with tensor parallel
+// inside the stages), the executed trace against the table, per-rank parameter bytes, and
+// refusals with the numbers.
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/models/gpt.hpp>
@@ -37,6 +38,18 @@ template <class S, std::size_t M>
 using pp = st::plan<st::pipeline_parallel<S, st::micro_batches<M>>>;
 template <class S, std::size_t M>
 using dp_pp = st::plan<st::data_parallel<>, st::pipeline_parallel<S, st::micro_batches<M>>>;
+template <class S, std::size_t M>
+using pp_tp = st::plan<st::pipeline_parallel<S, st::micro_batches<M>>, st::tensor_parallel<>>;
+template <class S, std::size_t M>
+using dp_pp_tp = st::plan<st::data_parallel<>, st::tensor_parallel<>,
+                          st::pipeline_parallel<S, st::micro_batches<M>>>;
+
+// The 4-block GPT of the tensor-parallel pipelines: 7 layers; vocabulary, heads and hidden
+// width divide by tp = 2.
+template <class T>
+st::models::gpt_model<T> gpt4_tp() {
+  return {{.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 4}};
+}
 
 } // namespace
 
@@ -118,6 +131,41 @@ TEST_CASE("pipelines compose with data parallel (dp 2 x pp 2) and run in f32",
   st::test::require_ok(st::test::check_parity<dp_pp<st::interleaved<2>, 4>>(
       4, g32, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2},
       {.dp = 2, .pp = 2}));
+}
+
+TEST_CASE("tensor parallel inside pipeline stages trains like one rank (tp 2 x pp 2, and dp 2)",
+          "[parallel][pipeline][tp][parity]") {
+  auto const sgd = parity_optimizer::sgd;
+  auto const g32 = gpt4_tp<float>();
+  st::comm::mesh_shape const tp2_pp2{.tp = 2, .pp = 2};
+  st::test::require_ok(st::test::check_parity<pp_tp<st::one_f_one_b, 4>>(
+      4, g32, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, tp2_pp2));
+  st::test::require_ok(st::test::check_parity<pp_tp<st::gpipe, 2>>(
+      4, g32, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, tp2_pp2));
+  // Interleaved: 4 chunks of the 7 layers over 2 ranks; clipping active (the norm sums over
+  // the stages and counts the replicated parameters once per stage).
+  st::test::require_ok(st::test::check_parity<pp_tp<st::interleaved<2>, 4>>(
+      4, g32, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1}, tp2_pp2));
+  // Dropout: each micro-batch of each stage draws its rows of one device's masks.
+  auto drop = g32;
+  drop.config.dropout = 0.1;
+  st::test::require_ok(st::test::check_parity<pp_tp<st::one_f_one_b, 2>>(
+      4, drop, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, tp2_pp2));
+  // Sequence parallel: the stages send each other their ranks' 1/tp of the rows; with
+  // dropout and interleaved chunks.
+  auto sp = drop;
+  sp.config.sequence_parallel = true;
+  st::test::require_ok(st::test::check_parity<pp_tp<st::one_f_one_b, 2>>(
+      4, sp, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, tp2_pp2));
+  st::test::require_ok(st::test::check_parity<pp_tp<st::interleaved<2>, 4>>(
+      4, sp, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1}, tp2_pp2));
+  // AdamW in f64.
+  st::test::require_ok(st::test::check_parity<pp_tp<st::one_f_one_b, 4>>(
+      4, gpt4_tp<double>(), {.sequences = 4, .seq = 8, .lr = 1e-2}, tp2_pp2));
+  // dp 2 x tp 2 x pp 2 on 8 ranks.
+  st::test::require_ok(st::test::check_parity<dp_pp_tp<st::interleaved<2>, 2>>(
+      8, g32, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2},
+      {.dp = 2, .tp = 2, .pp = 2}));
 }
 
 TEST_CASE("the executed trace follows the table on every rank; each rank holds its stage only",
