@@ -21,7 +21,8 @@ using strata::test::allocations;
 namespace st = strata;
 
 TEMPLATE_TEST_CASE("a trainer's step allocates nothing from the third step on", "[engine][alloc]",
-                   st::plan<>, st::plan<st::micro_batches<2>>) {
+                   st::plan<>, st::plan<st::micro_batches<2>>,
+                   (st::plan<st::recompute::full, st::micro_batches<2>>)) {
   std::uint64_t const seed = st::test::seed();
   st::models::gpt_model<float> gpt{
       {.vocab = 40, .seq = 8, .features = 32, .heads = 4, .layers = 2, .dropout = 0.1}};

@@ -54,6 +54,9 @@ public:
   /// slice of the sequence under sequence parallelism, n = tp); 1 otherwise.
   virtual std::size_t input_row_split() const noexcept { return 1; }
   virtual std::size_t output_row_split() const noexcept { return 1; }
+  /// The same address for nodes of the same layer type (whose saved states are
+  /// interchangeable): recomputed layers of one type share one saved state.
+  virtual void const* saved_tag() const noexcept = 0;
 
   // hidden
   virtual void forward(nn::layer_context const&, tensor_view<T const>, tensor_view<T>,
@@ -121,6 +124,7 @@ std::size_t output_split_of(L const& l) noexcept {
 template <class L>
 struct saved_box final : saved_base {
   typename L::saved_type value{};
+  static constexpr char tag = 0;
 };
 
 template <class L>
@@ -143,6 +147,7 @@ public:
   std::unique_ptr<saved_base> make_saved() const override {
     return std::make_unique<saved_box<L>>();
   }
+  void const* saved_tag() const noexcept override { return &saved_box<L>::tag; }
   std::size_t input_row_split() const noexcept override { return input_split_of(layer_); }
   std::size_t output_row_split() const noexcept override { return output_split_of(layer_); }
   L& layer() noexcept { return layer_; }

@@ -55,9 +55,13 @@ public:
   /// (training = false) has the forwards and losses only. Activation slots are assigned by
   /// simulating the schedule: a micro-batch holds a slot of a chunk from the chunk's first
   /// forward to its last backward.
+  ///
+  /// recompute[l] (by global layer; empty: none): layer l's backward is preceded by a
+  /// forward of the same layer and micro-batch flagged `recomputing`, which re-creates what
+  /// the layer's backward needs (the engine keeps only its input through the forward).
   static program from_schedule(std::vector<schedule_entry> const& schedule,
                                std::vector<chunk_layers> const& chunks, std::size_t micro_batches,
-                               bool training) {
+                               bool training, std::vector<bool> const& recompute = {}) {
     program p;
     p.micro_batches = micro_batches;
     p.slots.assign(chunks.size(), 0);
@@ -124,6 +128,13 @@ public:
                              std::to_string(e.micro_batch) + " before its forward");
         base.slot = static_cast<std::uint16_t>(slot);
         for (std::uint32_t l = c.last + 1; l-- > c.first;) {
+          if (l < recompute.size() && recompute[l]) {
+            op r = base; // no chunk_begin / chunk_end: it starts no pipeline action
+            r.code = op_code::forward;
+            r.layer = l;
+            r.flags |= recomputing;
+            p.ops.push_back(r);
+          }
           op o = base;
           o.code = op_code::backward;
           o.layer = l;

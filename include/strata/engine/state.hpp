@@ -147,6 +147,11 @@ public:
   // live within one backward and are counted as workspace.
   std::vector<std::vector<nn::detail::workspace<T>>> out;
   std::vector<std::vector<std::unique_ptr<saved_base>>> saved;
+  // Recompute: recompute_layer[l] says layer l keeps only its input; its saved state is
+  // shared_saved[shared_of[l]], one object per layer type (saved_tag) for every slot.
+  std::vector<bool> recompute_layer;
+  std::vector<std::int32_t> shared_of;
+  std::vector<std::unique_ptr<saved_base>> shared_saved;
   std::vector<nn::detail::workspace<T>> dout;
   std::vector<std::vector<nn::detail::workspace<T>>> in;
   std::vector<nn::detail::workspace<T>> din;
@@ -353,8 +358,11 @@ public:
       for (std::uint32_t l = chunks[c].first; l <= chunks[c].last; ++l) {
         while (out[l].size() < n)
           out[l].emplace_back(memory_kind::activations);
-        while (saved[l].size() < n)
-          saved[l].push_back(nodes[l]->make_saved());
+        if (l < recompute_layer.size() && recompute_layer[l])
+          share_saved(l);
+        else
+          while (saved[l].size() < n)
+            saved[l].push_back(nodes[l]->make_saved());
         dout[l] = nn::detail::workspace<T>(memory_kind::workspace); // lives within a backward
       }
       while (in[c].size() < n)
@@ -363,6 +371,30 @@ public:
         for (std::size_t s = 0; s < n; ++s)
           loss_saved(s);
     }
+  }
+
+  /// Gives recomputed layer l the shared saved state of its layer type.
+  void share_saved(std::size_t l) {
+    if (shared_of.size() < layers.size())
+      shared_of.resize(layers.size(), -1);
+    if (shared_of[l] >= 0)
+      return;
+    void const* tag = nodes[l]->saved_tag();
+    for (std::size_t k = 0; k < layers.size(); ++k)
+      if (k != l && shared_of[k] >= 0 && nodes[k] && nodes[k]->saved_tag() == tag) {
+        shared_of[l] = shared_of[k];
+        return;
+      }
+    shared_of[l] = static_cast<std::int32_t>(shared_saved.size());
+    shared_saved.push_back(nodes[l]->make_saved());
+  }
+
+  /// The saved state op o's layer uses: its slot's, or the shared one of a recomputed layer.
+  saved_base& saved_of(op const& o) {
+    std::size_t const l = o.layer;
+    if (l < shared_of.size() && shared_of[l] >= 0)
+      return *shared_saved[static_cast<std::size_t>(shared_of[l])];
+    return *saved[l][o.slot];
   }
 
   // ---- per step --------------------------------------------------------------------------
@@ -450,9 +482,9 @@ public:
     auto y = out[l][o.slot].get(rows_out(l), layers[l].out);
     auto ctx = context(o);
     if (layers[l].kind == node_kind::input)
-      nodes[l]->forward_ids(ctx, ids_of(batch.tokens, o), y, *saved[l][o.slot]);
+      nodes[l]->forward_ids(ctx, ids_of(batch.tokens, o), y, saved_of(o));
     else
-      nodes[l]->forward(ctx, input_of(o), y, *saved[l][o.slot]);
+      nodes[l]->forward(ctx, input_of(o), y, saved_of(o));
   }
 
   void run_loss(op const& o) {
@@ -477,7 +509,7 @@ public:
     }
     auto dy = dout[l].view(rows_y, layers[l].out);
     if (layers[l].kind == node_kind::input) {
-      nodes[l]->backward_ids(ctx, ids_of(batch.tokens, o), *saved[l][o.slot], dy);
+      nodes[l]->backward_ids(ctx, ids_of(batch.tokens, o), saved_of(o), dy);
       return;
     }
     tensor_view<T> dx{};
@@ -485,7 +517,7 @@ public:
       dx = dout[l - 1].get(rows_x, layers[l].in);
     else if (l > 0)
       dx = din[o.chunk].get(rows_x, layers[l].in);
-    nodes[l]->backward(ctx, input_of(o), *saved[l][o.slot], dy, dx);
+    nodes[l]->backward(ctx, input_of(o), saved_of(o), dy, dx);
   }
 
   void run_zero_grad() {

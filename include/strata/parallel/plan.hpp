@@ -105,6 +105,34 @@ struct reshard_after_forward {
   static constexpr bool value = B;
 };
 
+/// Activation-recompute policies (gradient checkpointing), a plan option: which hidden
+/// layers keep only their input through the forward and re-run their forward just before
+/// their backward. The re-run is exact (dropout's masks are a function of the element's place
+/// in the batch; the tensor- and sequence-parallel collectives run again in step on every
+/// rank of the group), so gradients are bitwise those of recompute::none. A recomputed layer's
+/// saved state is one object shared by every recomputed layer of the same type, so the
+/// activations held through the forward are the layers' inputs plus one layer's saved state.
+namespace recompute {
+/// Every layer keeps what its forward saved until its backward (the default).
+struct none {
+  static constexpr std::size_t every = 0;
+};
+/// Every hidden layer is recomputed (PyTorch's checkpoint on each block, Megatron's
+/// --recompute-granularity full --recompute-method uniform --recompute-num-layers 1).
+struct full {
+  static constexpr std::size_t every = 1;
+};
+/// One hidden layer in every K (hidden layers 0, K, 2K, ... in model order): memory and time
+/// between none and full.
+template <std::size_t K>
+struct every_k {
+  static_assert(K >= 1, "strata: recompute::every<K> needs K >= 1 (every<1> is full)");
+  static constexpr std::size_t every = K;
+};
+template <std::size_t K>
+using every = every_k<K>;
+} // namespace recompute
+
 /// The plan as values: what the trainer builds the step program from.
 struct plan_descriptor {
   std::size_t micro_batches = 1;
@@ -128,6 +156,9 @@ struct plan_descriptor {
     bool enabled = false;
     int degree = 0; // n when the plan names it (degree<N>), else 0: the mesh's tp
   } tensor_parallel{};
+  struct recompute_desc {
+    std::size_t every = 0; // 0: none; k: one hidden layer in every k re-runs its forward
+  } recompute{};
   struct sharded_desc {
     bool enabled = false;
     int stage = 0;
@@ -446,9 +477,18 @@ template <class... Os>
 struct is_tensor_parallel<tensor_parallel<Os...>> : std::true_type {};
 
 template <class T>
+struct is_recompute : std::false_type {};
+template <>
+struct is_recompute<recompute::none> : std::true_type {};
+template <>
+struct is_recompute<recompute::full> : std::true_type {};
+template <std::size_t K>
+struct is_recompute<recompute::every_k<K>> : std::true_type {};
+
+template <class T>
 inline constexpr bool is_plan_option_v =
     is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
-    is_pipeline_parallel<T>::value || is_sharded<T>::value;
+    is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value;
 
 template <class T>
 inline constexpr std::size_t micro_batch_mentions = [] {
@@ -465,6 +505,8 @@ template <class O>
 constexpr void lower_option(plan_descriptor& d) noexcept {
   if constexpr (is_micro_batches<O>::value)
     d.micro_batches = O::value;
+  else if constexpr (is_recompute<O>::value)
+    d.recompute.every = O::every;
   else
     O::lower(d);
 }
@@ -478,8 +520,10 @@ template <class... Options>
 struct plan {
   static_assert((detail::is_plan_option_v<Options> && ...),
                 "strata: plan<...> got an option it does not know: the options are "
-                "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...> "
-                "and micro_batches<M>");
+                "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...>, "
+                "micro_batches<M> and a recompute policy (recompute::none, full, every<K>)");
+  static_assert(detail::count_v<detail::is_recompute, Options...> <= 1,
+                "strata: plan<...> names a recompute policy twice: give one");
   static_assert(detail::count_v<detail::is_tensor_parallel, Options...> <= 1,
                 "strata: plan<...> names tensor_parallel twice: give it once");
   static_assert(detail::count_v<detail::is_sharded, Options...> <= 1,

@@ -324,6 +324,14 @@ private:
     if (chunks.empty())
       chunks.push_back({0, n == 0 ? 0 : n - 1, true});
     state_.adopt(b, std::move(chunks));
+    if (std::size_t const k = d.recompute.every; k > 0) {
+      // One hidden layer in every k, counting the model's hidden layers in order.
+      state_.recompute_layer.assign(state_.layers.size(), false);
+      std::size_t h = 0;
+      for (std::size_t l = 0; l < state_.layers.size(); ++l)
+        if (state_.layers[l].kind == engine::node_kind::hidden)
+          state_.recompute_layer[l] = h++ % k == 0;
+    }
     state_.seed = options_.seed;
     state_.lr = options_.lr;
     state_.clip = options_.clip;
@@ -352,7 +360,8 @@ private:
     for (auto& ps : passes_)
       if (ps->schedule(m, training, entries))
         break;
-    auto p = engine::program::from_schedule(entries, state_.chunks, m, training);
+    auto p =
+        engine::program::from_schedule(entries, state_.chunks, m, training, state_.recompute_layer);
     for (std::size_t i = 0; i < passes_.size(); ++i) {
       if (training)
         passes_[i]->rewrite(p, static_cast<std::uint16_t>(i));
