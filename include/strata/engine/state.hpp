@@ -152,6 +152,8 @@ public:
   std::vector<bool> recompute_layer;
   std::vector<std::int32_t> shared_of;
   std::vector<std::unique_ptr<saved_base>> shared_saved;
+  bool recompute_attention = false;   // selective recompute
+  mutable nn::shared_scratch scratch; // what the rank's layers share (nn::layer_context::scratch)
   std::vector<nn::detail::workspace<T>> dout;
   std::vector<std::vector<nn::detail::workspace<T>>> in;
   std::vector<nn::detail::workspace<T>> din;
@@ -456,6 +458,8 @@ public:
     c.recompute = o.recompute();
     c.last_micro_batch = o.last();
     c.tp = tp;
+    c.recompute_attention = recompute_attention && training;
+    c.scratch = &scratch;
     return c;
   }
 

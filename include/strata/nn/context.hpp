@@ -5,7 +5,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <utility>
+#include <vector>
 
 namespace strata::nn {
 
@@ -60,6 +63,36 @@ constexpr int tp_rank_of(tp_group const* g) noexcept {
   return tp_size_of(g) > 1 ? g->rank : 0;
 }
 
+/// Objects one rank's layers share, one per type: scratch state that only one layer uses at a
+/// time (selective recompute's attention probabilities, re-created just before the backward
+/// that reads them), so a model of L layers holds one of it instead of L. get<S>() makes S on
+/// first use (outside the hot path: the first step) and returns the same object after.
+class shared_scratch {
+public:
+  template <class S>
+  S& get() {
+    void const* tag = &tag_of<S>;
+    for (auto& [t, h] : items_)
+      if (t == tag)
+        return static_cast<holder<S>&>(*h).value;
+    items_.emplace_back(tag, std::make_unique<holder<S>>());
+    return static_cast<holder<S>&>(*items_.back().second).value;
+  }
+
+private:
+  struct holder_base {
+    virtual ~holder_base() = default;
+  };
+  template <class S>
+  struct holder final : holder_base {
+    S value{};
+  };
+  template <class S>
+  static constexpr char tag_of = 0;
+
+  std::vector<std::pair<void const*, std::unique_ptr<holder_base>>> items_;
+};
+
 /// What one forward or backward call needs to know beyond its tensors. Activations are 2-D
 /// (rows = batch * seq tokens, columns = features); attention needs batch and seq apart.
 struct layer_context {
@@ -75,6 +108,10 @@ struct layer_context {
                                 // parallel layers reduce their replicated parameters'
                                 // (accumulated) gradients over the tp group
   tp_group const* tp = nullptr; // null: tp = 1
+  // Selective recompute (Megatron's): attention keeps q, k, v but not its probabilities,
+  // which it re-creates in backward in `scratch` (shared by the rank's layers).
+  bool recompute_attention = false;
+  shared_scratch* scratch = nullptr;
 
   constexpr std::size_t rows() const noexcept { return batch * seq; }
 };

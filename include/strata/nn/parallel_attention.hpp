@@ -112,7 +112,7 @@ public:
     // nn::linear's order: qkv = b, then qkv += x W^T
     detail::affine_forward<C>(rows, n, d_, x.data(), x.stride(0), qkv_weight_.value().data(),
                               qkv_bias_.value().data(), qkv.data(), qkv.stride(0));
-    core_.forward(ctx, qkv, heads, s.core);
+    core_.forward(ctx, qkv, heads, core_state(ctx, s));
     proj_.forward(ctx, heads, y, s.proj_saved);
   }
 
@@ -127,7 +127,13 @@ public:
     auto dheads = dheads_.get(rows, local_d_);
     auto dqkv = dqkv_.get(rows, n);
     proj_.backward(ctx, heads, s.proj_saved, dy, dheads);
-    core_.backward(ctx, qkv, s.core, dheads, dqkv);
+    if (selective(ctx)) { // re-create the probabilities from the kept q, k, v
+      auto& r = ctx.scratch->get<rerun>();
+      core_.forward(ctx, qkv, r.heads.get(rows, local_d_), r.core);
+      core_.backward(ctx, qkv, r.core, dheads, dqkv);
+    } else {
+      core_.backward(ctx, qkv, s.core, dheads, dqkv);
+    }
     // Sequence parallel: the rows gathered again (not kept since forward).
     auto const x = full_input(ops, x_in);
     detail::check_act(x, rows, d_, qkv_name_, "the input");
@@ -151,6 +157,19 @@ public:
   }
 
 private:
+  // Selective recompute: the core's state lives in the rank's shared scratch, not per
+  // micro-batch, and backward re-creates it.
+  struct rerun {
+    typename attention_core<T, C>::saved_type core;
+    detail::workspace<T> heads{memory_kind::activations};
+  };
+  static bool selective(layer_context const& ctx) noexcept {
+    return ctx.recompute_attention && ctx.scratch != nullptr;
+  }
+  typename attention_core<T, C>::saved_type& core_state(layer_context const& ctx, saved_type& s) {
+    return selective(ctx) ? ctx.scratch->get<rerun>().core : s.core;
+  }
+
   // heads / tp, after checking features / heads (the core's own rule, reported first).
   static std::size_t split_heads(std::string const& who, std::size_t features, std::size_t heads,
                                  int tp) {

@@ -131,6 +131,13 @@ struct every_k {
 };
 template <std::size_t K>
 using every = every_k<K>;
+/// Selective (Megatron's --recompute-granularity selective): every layer keeps its saved
+/// state except attention's probabilities (batch x heads x seq x seq, the part that grows
+/// with the square of the sequence), which attention re-creates from the kept q, k, v in its
+/// backward, in scratch shared by the rank's layers.
+struct selective {
+  static constexpr std::size_t every = 0;
+};
 } // namespace recompute
 
 /// The plan as values: what the trainer builds the step program from.
@@ -157,7 +164,8 @@ struct plan_descriptor {
     int degree = 0; // n when the plan names it (degree<N>), else 0: the mesh's tp
   } tensor_parallel{};
   struct recompute_desc {
-    std::size_t every = 0; // 0: none; k: one hidden layer in every k re-runs its forward
+    std::size_t every = 0;  // 0: none; k: one hidden layer in every k re-runs its forward
+    bool selective = false; // attention re-creates its probabilities in backward
   } recompute{};
   struct sharded_desc {
     bool enabled = false;
@@ -484,6 +492,8 @@ template <>
 struct is_recompute<recompute::full> : std::true_type {};
 template <std::size_t K>
 struct is_recompute<recompute::every_k<K>> : std::true_type {};
+template <>
+struct is_recompute<recompute::selective> : std::true_type {};
 
 template <class T>
 inline constexpr bool is_plan_option_v =
@@ -505,9 +515,10 @@ template <class O>
 constexpr void lower_option(plan_descriptor& d) noexcept {
   if constexpr (is_micro_batches<O>::value)
     d.micro_batches = O::value;
-  else if constexpr (is_recompute<O>::value)
+  else if constexpr (is_recompute<O>::value) {
     d.recompute.every = O::every;
-  else
+    d.recompute.selective = std::is_same_v<O, recompute::selective>;
+  } else
     O::lower(d);
 }
 } // namespace detail
@@ -518,10 +529,11 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
 /// (gradient accumulation without a strategy, or beside one that does not name it).
 template <class... Options>
 struct plan {
-  static_assert((detail::is_plan_option_v<Options> && ...),
-                "strata: plan<...> got an option it does not know: the options are "
-                "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...>, "
-                "micro_batches<M> and a recompute policy (recompute::none, full, every<K>)");
+  static_assert(
+      (detail::is_plan_option_v<Options> && ...),
+      "strata: plan<...> got an option it does not know: the options are "
+      "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...>, "
+      "micro_batches<M> and a recompute policy (recompute::none, full, every<K>, selective)");
   static_assert(detail::count_v<detail::is_recompute, Options...> <= 1,
                 "strata: plan<...> names a recompute policy twice: give one");
   static_assert(detail::count_v<detail::is_tensor_parallel, Options...> <= 1,

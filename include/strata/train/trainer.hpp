@@ -324,6 +324,7 @@ private:
     if (chunks.empty())
       chunks.push_back({0, n == 0 ? 0 : n - 1, true});
     state_.adopt(b, std::move(chunks));
+    state_.recompute_attention = d.recompute.selective;
     if (std::size_t const k = d.recompute.every; k > 0) {
       // One hidden layer in every k, counting the model's hidden layers in order.
       state_.recompute_layer.assign(state_.layers.size(), false);
