@@ -169,6 +169,24 @@ using plan = st::plan<st::tensor_parallel<st::stages<2>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
+#elif STRATA_CASE == 18 // two recompute policies
+#ifdef STRATA_TWIN
+using plan = st::plan<st::recompute::selective, st::data_parallel<>>;
+static_assert(plan::descriptor().recompute.selective);
+#else
+using plan = st::plan<st::recompute::full, st::data_parallel<>, st::recompute::selective>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 19 // recompute::every<0>
+#ifdef STRATA_TWIN
+using plan = st::plan<st::recompute::every<2>>;
+static_assert(plan::descriptor().recompute.every == 2);
+#else
+using plan = st::plan<st::recompute::every<0>>;
+#endif
+constexpr auto d = plan::descriptor();
+
 #elif STRATA_CASE == 17 // no compile-time half: built and run (run_case.cmake's EXPECT=run)
 // What the compiler cannot see is checked at construction. A mesh whose tp differs from degree<N>
 // is refused with both numbers; a static_gpt_model whose config was changed after construction is
