@@ -24,6 +24,7 @@
 
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/clipping.hpp>
+#include <strata/optim/loss_scaler.hpp>
 #include <strata/optim/optimizer.hpp>
 #include <strata/optim/scaling.hpp>
 #include <strata/optim/schedule.hpp>
