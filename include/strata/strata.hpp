@@ -69,6 +69,7 @@
 #include <strata/parallel/sharded.hpp>
 #include <strata/parallel/tensor_parallel.hpp>
 #include <strata/parallel/tp_check.hpp>
+#include <strata/policy/recompute.hpp>
 
 #include <strata/train/trainer.hpp>
 

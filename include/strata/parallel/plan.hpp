@@ -2,6 +2,8 @@
 // once; the plan lowers to a plan_descriptor (values) that the trainer builds passes from.
 #pragma once
 
+#include <strata/policy/recompute.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -104,41 +106,6 @@ template <bool B>
 struct reshard_after_forward {
   static constexpr bool value = B;
 };
-
-/// Activation-recompute policies (gradient checkpointing), a plan option: which hidden
-/// layers keep only their input through the forward and re-run their forward just before
-/// their backward. The re-run is exact (dropout's masks are a function of the element's place
-/// in the batch; the tensor- and sequence-parallel collectives run again in step on every
-/// rank of the group), so gradients are bitwise those of recompute::none. A recomputed layer's
-/// saved state is one object shared by every recomputed layer of the same type, so the
-/// activations held through the forward are the layers' inputs plus one layer's saved state.
-namespace recompute {
-/// Every layer keeps what its forward saved until its backward (the default).
-struct none {
-  static constexpr std::size_t every = 0;
-};
-/// Every hidden layer is recomputed (PyTorch's checkpoint on each block, Megatron's
-/// --recompute-granularity full --recompute-method uniform --recompute-num-layers 1).
-struct full {
-  static constexpr std::size_t every = 1;
-};
-/// One hidden layer in every K (hidden layers 0, K, 2K, ... in model order): memory and time
-/// between none and full.
-template <std::size_t K>
-struct every_k {
-  static_assert(K >= 1, "strata: recompute::every<K> needs K >= 1 (every<1> is full)");
-  static constexpr std::size_t every = K;
-};
-template <std::size_t K>
-using every = every_k<K>;
-/// Selective (Megatron's --recompute-granularity selective): every layer keeps its saved
-/// state except attention's probabilities (batch x heads x seq x seq, the part that grows
-/// with the square of the sequence), which attention re-creates from the kept q, k, v in its
-/// backward, in scratch shared by the rank's layers.
-struct selective {
-  static constexpr std::size_t every = 0;
-};
-} // namespace recompute
 
 /// The plan as values: what the trainer builds the step program from.
 struct plan_descriptor {

@@ -84,11 +84,12 @@ public:
   trainer(Model const& model, engine::optimizer_factory<T> optimizer, trainer_options options)
       : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(
                                           options_.label.empty() ? "rank 0" : options_.label)) {
-    static_assert(!Plan::descriptor().data_parallel.enabled &&
-                      !Plan::descriptor().pipeline.enabled && !Plan::descriptor().sharded.enabled &&
-                      !Plan::descriptor().tensor_parallel.enabled,
-                  "strata: a plan with data_parallel, sharded or pipeline_parallel needs a mesh: "
-                  "construct the trainer with trainer(mesh, model, optimizer, options)");
+    static_assert(
+        !Plan::descriptor().data_parallel.enabled && !Plan::descriptor().pipeline.enabled &&
+            !Plan::descriptor().sharded.enabled && !Plan::descriptor().tensor_parallel.enabled,
+        "strata: a plan with data_parallel, sharded, tensor_parallel or pipeline_parallel "
+        "needs a mesh: "
+        "construct the trainer with trainer(mesh, model, optimizer, options)");
     init(model, std::move(optimizer));
   }
 
