@@ -14,7 +14,16 @@
 // gathers units into gather_slots buffers of the largest segment. Stages 1 and 2 use 1 MiB
 // buckets (each layer its own segment), stage 3 one layer a unit.
 //
-// Prints a markdown table on stdout, progress on stderr.
+// A second table does the same under precision::bf16 (the plans above with precision::bf16
+// added): parameters and gradients in bf16 (2 bytes an element), AdamW<float> on f32 master
+// weights (the master weights, 4 bytes an element, count as optimizer state beside AdamW's 8),
+// against the paper's mixed-precision formulas (2 + 2 + K bytes an element, K = 12):
+//   data parallel 16 psi; stage 1: 4 psi + 12 psi / n; stage 2: 2 psi + 14 psi / n;
+//   stage 3: 16 psi / n.
+// The working buffers are the same counts of bf16 elements.
+//
+// Prints markdown tables on stdout, progress on stderr. An argument fp32 or bf16 prints only
+// that table (fp32: exactly the output of the tool before the bf16 table was added).
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/models/mlp.hpp>
@@ -27,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -57,6 +67,8 @@ struct rank_batch {
 struct held {
   std::size_t parameters = 0, gradients = 0, optimizer = 0, communication = 0;
   std::size_t psi = 0, slots = 0, largest = 0; // slots, largest segment: sharded plans only
+  std::size_t element = 0;                     // bytes of the trainer's value type
+  std::size_t master = 0;                      // bytes of f32 master weights (mixed precision)
   std::size_t model_state() const { return parameters + gradients + optimizer; }
 };
 
@@ -68,7 +80,9 @@ held measure(int n) {
     st::trainer_options o;
     o.lr = [](std::int64_t) { return 1e-3; };
     o.seed = 7;
-    st::trainer<model_t, Plan> t(mesh, model, st::engine::use<st::optim::adamw<float>>({}), o);
+    using trainer_t = st::trainer<model_t, Plan>;
+    using value_t = typename trainer_t::value_type;
+    trainer_t t(mesh, model, st::engine::use<st::optim::adamw<float>>({}), o);
     rank_batch const b(world.rank());
     for (int k = 0; k < steps; ++k)
       t.step(b.view());
@@ -79,7 +93,10 @@ held measure(int n) {
     h.optimizer = l.peak(st::memory_kind::optimizer_state);
     h.communication = l.peak(st::memory_kind::communication);
     h.psi = t.parameter_count();
-    if (auto* sp = dynamic_cast<st::parallel::sharded_pass<float, comm_t>*>(t.passes()[0].get())) {
+    h.element = sizeof(value_t);
+    h.master = t.state().master.size() * sizeof(float);
+    if (auto* sp =
+            dynamic_cast<st::parallel::sharded_pass<value_t, comm_t>*>(t.passes()[0].get())) {
       h.slots = sp->gather_slots();
       h.largest = sp->largest_segment();
     }
@@ -100,19 +117,21 @@ struct row_spec {
   int stage; // 0: data parallel
 };
 
-void print_row(int n, row_spec const& r, held const& h) {
+// mixed: the bf16 table (the paper's mixed-precision formulas, and a column for the master
+// weights).
+void print_row(int n, row_spec const& r, held const& h, bool mixed) {
   double const psi = double(h.psi), dn = n;
   double formula = 0, gathered = 0, staging = 0;
-  double const segment_bytes = double(h.largest) * sizeof(float);
+  double const segment_bytes = double(h.largest) * double(h.element);
   switch (r.stage) {
   case 0:
     formula = 16 * psi;
     break;
   case 1:
-    formula = 8 * psi + 8 * psi / dn;
+    formula = mixed ? 4 * psi + 12 * psi / dn : 8 * psi + 8 * psi / dn;
     break;
   case 2:
-    formula = 4 * psi + 12 * psi / dn;
+    formula = mixed ? 2 * psi + 14 * psi / dn : 4 * psi + 12 * psi / dn;
     staging = 2 * segment_bytes;
     break;
   default:
@@ -129,43 +148,88 @@ void print_row(int n, row_spec const& r, held const& h) {
                   mib(gathered));
   if (staging > 0)
     std::snprintf(staging_cell, sizeof staging_cell, "%.2f", mib(staging));
-  std::printf(
-      "| %d | %s | %.2f | %.2f | %.2f | **%.2f** | %.2f | %.2f | **%.3f** | %s | %s | %.2f | "
-      "**%.3f** |\n",
-      n, r.name, mib(double(h.parameters)), mib(double(h.gradients)), mib(double(h.optimizer)),
-      mib(measured), mib(double(h.communication)), mib(formula), measured / formula, gathered_cell,
-      staging_cell, mib(with_buffers), measured / with_buffers);
+  if (mixed)
+    std::printf(
+        "| %d | %s | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f | %.2f | **%.3f** | %s | %s | "
+        "%.2f | **%.3f** |\n",
+        n, r.name, mib(double(h.parameters)), mib(double(h.gradients)), mib(double(h.optimizer)),
+        mib(double(h.master)), mib(measured), mib(double(h.communication)), mib(formula),
+        measured / formula, gathered_cell, staging_cell, mib(with_buffers),
+        measured / with_buffers);
+  else
+    std::printf(
+        "| %d | %s | %.2f | %.2f | %.2f | **%.2f** | %.2f | %.2f | **%.3f** | %s | %s | %.2f | "
+        "**%.3f** |\n",
+        n, r.name, mib(double(h.parameters)), mib(double(h.gradients)), mib(double(h.optimizer)),
+        mib(measured), mib(double(h.communication)), mib(formula), measured / formula,
+        gathered_cell, staging_cell, mib(with_buffers), measured / with_buffers);
   std::fflush(stdout);
 }
 
-} // namespace
-
-int main() {
+/// One table: the four plans under Precision at n = 1, 2, 4, 8; returns psi.
+template <class Precision>
+std::size_t print_table(bool mixed) {
   using clock = std::chrono::steady_clock;
-  auto const start = clock::now();
-  std::printf(
-      "| n | plan | parameters | gradients | optimizer state | model state | communication "
-      "| paper formula | measured / formula | gathered units | gradient staging | formula + "
-      "buffers | measured / (formula + buffers) |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  char const* const tag = mixed ? "bf16, " : "";
   std::size_t psi = 0;
   for (int n : {1, 2, 4, 8}) {
     auto run = [&]<class Plan>(row_spec const& r) {
       auto const t0 = clock::now();
       held const h = measure<Plan>(n);
       psi = h.psi;
-      std::fprintf(stderr, "n = %d, %s: %.1f s\n", n, r.name,
+      std::fprintf(stderr, "%sn = %d, %s: %.1f s\n", tag, n, r.name,
                    std::chrono::duration<double>(clock::now() - t0).count());
-      print_row(n, r, h);
+      print_row(n, r, h, mixed);
     };
-    run.operator()<st::plan<st::data_parallel<>>>({"data parallel", 0});
-    run.operator()<st::plan<st::sharded<st::zero<1>, st::bucket_mib<1>>>>({"ZeRO-1", 1});
-    run.operator()<st::plan<st::sharded<st::zero<2>, st::bucket_mib<1>>>>({"ZeRO-2", 2});
-    run.operator()<st::plan<st::sharded<st::zero<3>>>>({"ZeRO-3", 3});
+    run.template operator()<st::plan<st::data_parallel<>, Precision>>({"data parallel", 0});
+    run.template operator()<st::plan<st::sharded<st::zero<1>, st::bucket_mib<1>>, Precision>>(
+        {"ZeRO-1", 1});
+    run.template operator()<st::plan<st::sharded<st::zero<2>, st::bucket_mib<1>>, Precision>>(
+        {"ZeRO-2", 2});
+    run.template operator()<st::plan<st::sharded<st::zero<3>>, Precision>>({"ZeRO-3", 3});
   }
-  std::printf("\npsi = %zu parameters (%zu linear layers); MiB = 2^20 bytes; %d AdamW steps of %zu "
-              "rows per rank; peaks per rank since construction.\n",
-              psi, model.depth, steps, rows);
+  return psi;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  using clock = std::chrono::steady_clock;
+  std::string_view const only = argc > 1 ? argv[1] : "";
+  if (!only.empty() && only != "fp32" && only != "bf16") {
+    std::fprintf(stderr, "usage: %s [fp32|bf16]  (no argument: both tables)\n", argv[0]);
+    return 2;
+  }
+  auto const start = clock::now();
+  if (only != "bf16") {
+    std::printf(
+        "| n | plan | parameters | gradients | optimizer state | model state | communication "
+        "| paper formula | measured / formula | gathered units | gradient staging | formula + "
+        "buffers | measured / (formula + buffers) |\n");
+    std::printf(
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+    std::size_t const psi = print_table<st::precision::fp32>(false);
+    std::printf(
+        "\npsi = %zu parameters (%zu linear layers); MiB = 2^20 bytes; %d AdamW steps of %zu "
+        "rows per rank; peaks per rank since construction.\n",
+        psi, model.depth, steps, rows);
+  }
+  if (only != "fp32") {
+    if (only.empty())
+      std::printf("\n");
+    std::printf("precision::bf16 (bf16 parameters and gradients, AdamW<float> on f32 master "
+                "weights; the master weights are part of the optimizer state):\n\n");
+    std::printf("| n | plan | parameters | gradients | optimizer state | of which master "
+                "weights | model state | communication | paper formula (mixed precision) | "
+                "measured / formula | gathered units | gradient staging | formula + buffers | "
+                "measured / (formula + buffers) |\n");
+    std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+                "| --- |\n");
+    std::size_t const psi = print_table<st::precision::bf16>(true);
+    std::printf("\npsi = %zu parameters; bytes per element: 2 of parameters, 2 of gradients, 12 of "
+                "optimizer state (4 of master weights, 8 of AdamW's moments).\n",
+                psi);
+  }
   std::fprintf(stderr, "total %.1f s\n",
                std::chrono::duration<double>(clock::now() - start).count());
   return 0;

@@ -1,7 +1,8 @@
 // Activation recompute on the GPT, one rank: models::gpt_model<float> with 8 blocks (d 128,
 // 4 heads, hidden 512, dropout 0.1), vocabulary 256, a batch of 4 sequences of 128 tokens, f32,
 // AdamW, one compute thread, under plan<recompute::none>, plan<recompute::full>,
-// plan<recompute::every<2>> and plan<recompute::selective>; and, for the memory of one layer,
+// plan<recompute::every<2>>, plan<recompute::selective> and plan<recompute::offload<>> (full,
+// with the kept inputs in the host pool: host_offload_MiB); and, for the memory of one layer,
 // the same model with 1 block under none. Each case at 8 blocks other than none trains a none
 // trainer beside its own, one step of each in turn, so that its time ratio to none compares
 // steps taken moments apart (a loaded machine slows both alike). Reported: the median step and
@@ -156,6 +157,8 @@ void recompute_gpt(benchmark::State& state, std::size_t blocks) {
   state.counters["act_MiB"] = mib(act(f.peak));
   state.counters["workspace_MiB"] = mib(f.peak[static_cast<std::size_t>(memory_kind::workspace)]);
   state.counters["params_MiB"] = mib(f.peak[static_cast<std::size_t>(memory_kind::parameters)]);
+  state.counters["host_offload_MiB"] =
+      mib(f.peak[static_cast<std::size_t>(memory_kind::host_offload)]);
   state.counters["allocs_per_step"] = f.allocations;
   if (paired) {
     state.counters["time_vs_none"] = f.time_vs_none;
@@ -174,6 +177,7 @@ void recompute_gpt(benchmark::State& state, std::size_t blocks) {
                     variant{"full", rc_blocks, &recompute_gpt<recompute::full>},
                     variant{"every:2", rc_blocks, &recompute_gpt<recompute::every<2>>},
                     variant{"selective", rc_blocks, &recompute_gpt<recompute::selective>},
+                    variant{"offload", rc_blocks, &recompute_gpt<recompute::offload<>>},
                     variant{"none/blocks:1", 1, &recompute_gpt<recompute::none>}})
     benchmark::RegisterBenchmark((std::string("recompute_gpt/") + v.name).c_str(),
                                  [v](benchmark::State& s) { v.run(s, v.blocks); })

@@ -187,6 +187,55 @@ using plan = st::plan<st::recompute::every<0>>;
 #endif
 constexpr auto d = plan::descriptor();
 
+#elif STRATA_CASE == 20 // two precision policies
+#ifdef STRATA_TWIN
+using plan = st::plan<st::precision::bf16, st::data_parallel<>>;
+static_assert(plan::descriptor().precision.kind == 1);
+#else
+using plan = st::plan<st::precision::bf16, st::data_parallel<>, st::precision::fp16>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 21 // reduce<float> under fp32 (whose gradients reduce in f32 already)
+#ifdef STRATA_TWIN
+using plan = st::plan<st::precision::reduce<float>, st::sharded<st::zero<2>>, st::precision::fp16>;
+static_assert(plan::descriptor().precision.reduce_f32 && plan::descriptor().precision.kind == 2);
+#else
+using plan = st::plan<st::precision::reduce<float>, st::sharded<st::zero<2>>>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 22 // a model built in bf16 under the default (fp32) precision
+#ifdef STRATA_TWIN
+using trainer = st::trainer<st::models::gpt_model<st::bf16>, st::plan<st::precision::bf16>>;
+static_assert(std::is_same_v<trainer::master_type, float>);
+#else
+using trainer = st::trainer<st::models::gpt_model<st::bf16>, st::plan<>>;
+#endif
+constexpr std::size_t size = sizeof(trainer);
+
+#elif STRATA_CASE == 23 // a 16-bit policy with a model that cannot be rebuilt in 16 bits
+template <class T>
+struct fixed_model { // builds float layers only: no rebind<U>()
+  using value_type = T;
+  void build(st::engine::model_builder<T>&) const {}
+};
+#ifdef STRATA_TWIN
+using trainer = st::trainer<fixed_model<st::bf16>, st::plan<st::precision::bf16>>;
+#else
+using trainer = st::trainer<fixed_model<float>, st::plan<st::precision::bf16>>;
+#endif
+constexpr std::size_t size = sizeof(trainer);
+
+#elif STRATA_CASE == 24 // offload of a policy that recomputes no layer
+#ifdef STRATA_TWIN
+using plan = st::plan<st::recompute::offload<st::recompute::every<2>>>;
+static_assert(plan::descriptor().recompute.offload && plan::descriptor().recompute.every == 2);
+#else
+using plan = st::plan<st::recompute::offload<st::recompute::selective>>;
+#endif
+constexpr auto d = plan::descriptor();
+
 #elif STRATA_CASE == 17 // no compile-time half: built and run (run_case.cmake's EXPECT=run)
 // What the compiler cannot see is checked at construction. A mesh whose tp differs from degree<N>
 // is refused with both numbers; a static_gpt_model whose config was changed after construction is

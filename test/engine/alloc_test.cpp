@@ -22,7 +22,10 @@ namespace st = strata;
 
 TEMPLATE_TEST_CASE("a trainer's step allocates nothing from the third step on", "[engine][alloc]",
                    st::plan<>, st::plan<st::micro_batches<2>>,
-                   (st::plan<st::recompute::full, st::micro_batches<2>>)) {
+                   (st::plan<st::recompute::full, st::micro_batches<2>>),
+                   (st::plan<st::precision::bf16, st::micro_batches<2>>),
+                   (st::plan<st::micro_batches<2>, st::precision::fp16>),
+                   (st::plan<st::recompute::offload<>, st::micro_batches<2>>)) {
   std::uint64_t const seed = st::test::seed();
   st::models::gpt_model<float> gpt{
       {.vocab = 40, .seq = 8, .features = 32, .heads = 4, .layers = 2, .dropout = 0.1}};
@@ -102,6 +105,19 @@ long allocations_in_later_steps() {
 TEST_CASE("a data-parallel step allocates nothing from the third step on", "[engine][alloc]") {
   CHECK(allocations_in_later_steps<
             st::plan<st::data_parallel<st::bucket_mib<1>, st::micro_batches<2>>>>() == 0);
+}
+
+TEST_CASE("a mixed-precision data-parallel or ZeRO step allocates nothing from the third step on",
+          "[engine][alloc]") {
+  CHECK(allocations_in_later_steps<st::plan<st::precision::fp16, st::data_parallel<>>>() == 0);
+  CHECK(allocations_in_later_steps<st::plan<st::data_parallel<st::micro_batches<2>>,
+                                            st::precision::bf16, st::precision::reduce<float>>>() ==
+        0);
+  CHECK(allocations_in_later_steps<st::plan<st::sharded<st::zero<1>>, st::precision::bf16,
+                                            st::precision::reduce<float>>>() == 0);
+  CHECK(allocations_in_later_steps<st::plan<st::sharded<st::zero<3>, st::micro_batches<2>>,
+                                            st::precision::fp16, st::precision::reduce<float>>>() ==
+        0);
 }
 
 TEMPLATE_TEST_CASE("a sharded (ZeRO) step allocates nothing from the third step on",

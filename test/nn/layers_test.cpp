@@ -509,3 +509,48 @@ TEST_CASE("a tiny GPT's gradients match central differences end to end", "[nn][g
     CHECK(rel_error(g, fd) < fd_tolerance);
   });
 }
+
+TEST_CASE("a 16-bit GEMM output rounds once, however deep the product", "[nn][gemm]") {
+  using strata::bf16;
+  // Two panels of depth 192: the first sums to 257 (not a bf16 value: it rounds to 256), the
+  // second adds 1. Rounded once the sum 258 is exact; rounded per panel it would be 256.
+  std::size_t const k = 384;
+  std::vector<bf16> a(k, bf16(1.0f)), b(k, bf16(0.0f));
+  b[0] = bf16(256.0f);
+  b[1] = bf16(1.0f);
+  b[200] = bf16(1.0f);
+  bf16 c{};
+  nn::detail::gemm<float>(1, 1, k, a.data(), k, 1, b.data(), 1, 1, &c, 1, false);
+  CHECK(static_cast<float>(c) == 258.0f);
+
+  // Random shapes deeper than a panel, with and without accumulation: the bf16 output is the
+  // f32 output rounded once, bit for bit.
+  for (std::size_t kk : {193u, 500u, 1000u}) {
+    std::size_t const m = 7, n = 13;
+    std::vector<float> af(m * kk), bfv(kk * n), c0(m * n);
+    randomize(std::span<float>(af), "gemm.a." + std::to_string(kk));
+    randomize(std::span<float>(bfv), "gemm.b." + std::to_string(kk));
+    randomize(std::span<float>(c0), "gemm.c." + std::to_string(kk));
+    std::vector<bf16> a16(af.size()), b16(bfv.size()), c16(c0.size());
+    for (std::size_t i = 0; i < af.size(); ++i)
+      a16[i] = bf16(af[i]);
+    for (std::size_t i = 0; i < bfv.size(); ++i)
+      b16[i] = bf16(bfv[i]);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> c32(m * n);
+      for (std::size_t i = 0; i < c0.size(); ++i) {
+        c16[i] = bf16(c0[i]);
+        c32[i] = static_cast<float>(c16[i]);
+      }
+      nn::detail::gemm<float>(m, n, kk, a16.data(), kk, 1, b16.data(), n, 1, c16.data(), n,
+                              accumulate);
+      nn::detail::gemm<float>(m, n, kk, a16.data(), kk, 1, b16.data(), n, 1, c32.data(), n,
+                              accumulate);
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < c16.size(); ++i)
+        differ += c16[i].bits != bf16(c32[i]).bits ? 1 : 0;
+      INFO("k " << kk << ", accumulate " << accumulate);
+      CHECK(differ == 0);
+    }
+  }
+}

@@ -5,12 +5,18 @@
 #include <strata/comm/mpi.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
+#include <strata/optim/adamw.hpp>
+#include <strata/train/trainer.hpp>
 
 #include "../support/parity.hpp"
 
+#include <cmath>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace st = strata;
 using st::test::parity_optimizer;
@@ -162,6 +168,60 @@ int main(int argc, char** argv) {
     zero_lines(std::integral_constant<int, 1>{});
     zero_lines(std::integral_constant<int, 2>{});
     zero_lines(std::integral_constant<int, 3>{});
+
+    // Mixed precision across processes: the 16-bit runs track the f32 run (final loss within
+    // 2e-2 after 20 steps, not bitwise equal), and an fp16 overflow on the last process makes
+    // every process skip that step (the flag is reduced over the world).
+    auto losses = [&]<class Plan>(Plan*, int bad_step) {
+      st::comm::mesh mesh(world, {.dp = n});
+      st::test::parity_options o{.sequences = b, .seq = 8};
+      auto const data = st::test::make_parity_data(gpt, o, s);
+      auto const batch = data.slice(static_cast<std::size_t>(world.rank()) * 2, 2, o.seq, 0);
+      st::trainer_options opts{.lr = [](std::int64_t) { return 3e-3; }, .clip = 1.0, .seed = s};
+      st::trainer<decltype(gpt), Plan> t(
+          mesh, gpt, st::engine::use<st::optim::adamw<float>>({.eps = 1e-6}), opts);
+      t.state().gradient_hook = [&](auto& es) {
+        if (es.step == bad_step && world.rank() == n - 1)
+          for (auto& r : es.owned)
+            if (r.count) {
+              using G = std::remove_reference_t<decltype(r.grads[0])>;
+              r.grads[0] = G(std::numeric_limits<float>::infinity());
+              return;
+            }
+      };
+      std::vector<double> l;
+      int skipped = 0;
+      for (int k = 1; k <= 20; ++k) {
+        auto const r = t.step(batch);
+        l.push_back(r.loss);
+        skipped += r.skipped ? (k == bad_step ? 1 : 100) : 0;
+      }
+      return std::pair{l, skipped};
+    };
+    auto track = [&](char const* what, std::vector<double> const& f, std::vector<double> const& h) {
+      double const rel = std::abs(h.back() - f.back()) / f.back();
+      bool const ok = rel <= 2e-2 && h != f && h.back() < h.front() - 0.1;
+      if (world.rank() == 0)
+        std::printf("%-44s %s (final loss %.5f vs f32 %.5f, relative %.2e)\n", what,
+                    ok ? "ok" : "FAILED", h.back(), f.back(), rel);
+      failures += ok ? 0 : 1;
+    };
+    using z3 = st::sharded<st::zero<3>>;
+    auto const f32 = losses((st::plan<z3>*)nullptr, 0).first;
+    track("gpt zero-3 bf16 tracks f32", f32,
+          losses((st::plan<z3, st::precision::bf16>*)nullptr, 0).first);
+    track(
+        "gpt zero-3 bf16 reduce<float> tracks f32", f32,
+        losses((st::plan<z3, st::precision::bf16, st::precision::reduce<float>>*)nullptr, 0).first);
+    track("gpt ddp fp16 tracks f32", f32,
+          losses((st::plan<st::data_parallel<>, st::precision::fp16>*)nullptr, 0).first);
+    auto const [h, skipped] =
+        losses((st::plan<st::data_parallel<>, st::precision::fp16>*)nullptr, 5);
+    bool const ok = skipped == 1;
+    if (world.rank() == 0)
+      std::printf("%-44s %s\n", "gpt ddp fp16 overflow on the last rank",
+                  ok ? "ok (step 5 skipped everywhere)" : "FAILED");
+    failures += ok ? 0 : 1;
   });
   if (failures)
     std::fprintf(stderr, "%d parity checks failed\n", failures);

@@ -21,13 +21,15 @@ enum class memory_kind : std::uint8_t {
   activations,
   communication, // buckets, gather and scatter buffers, pipeline send/recv buffers
   workspace,     // scratch that lives within one operation
+  host_offload,  // activations moved out of device memory (recompute::offload); host memory
 };
 
-inline constexpr std::size_t memory_kind_count = 6;
+inline constexpr std::size_t memory_kind_count = 7;
 
 constexpr std::string_view name_of(memory_kind k) noexcept {
   constexpr std::array<std::string_view, memory_kind_count> names{
-      "parameters", "gradients", "optimizer_state", "activations", "communication", "workspace"};
+      "parameters",    "gradients", "optimizer_state", "activations",
+      "communication", "workspace", "host_offload"};
   return names[static_cast<std::size_t>(k)];
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <strata/core/buffer.hpp>
+#include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
 #include <strata/core/tensor.hpp>
@@ -15,7 +16,10 @@
 #include <strata/nn/detail/workspace.hpp>
 #include <strata/nn/parameter.hpp>
 #include <strata/optim/clipping.hpp>
+#include <strata/optim/loss_scaler.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +28,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -57,6 +62,7 @@ struct owned_range {
   std::size_t count = 0;
   std::size_t state_offset = 0; // first element of the optimizer state it uses
   bool in_norm = true;          // counted in the global gradient norm on this rank
+  std::size_t flat = 0;         // the flat element values[0] is
 };
 
 /// Elements [first, first + count) of parameter `param` (an index into state::params), held
@@ -108,7 +114,15 @@ public:
   std::vector<segment> segments; // in flat order
 
   // ---- optimizer -------------------------------------------------------------------------
-  std::unique_ptr<optimizer_slot<T>> optimizer;
+  // The type the optimizer updates: T itself for f32 and f64; f32 for 16-bit parameters,
+  // which then keep f32 master weights (mixed precision).
+  using master_type = compute_t<T>;
+  static constexpr bool has_master = !std::is_same_v<master_type, T>;
+  std::unique_ptr<optimizer_slot<master_type>> optimizer;
+  // Mixed precision: the f32 master weights of the owned elements (indexed as the optimizer's
+  // state), and a block of gradients widened to f32 for the optimizer.
+  buffer<master_type> master;
+  std::vector<master_type> widened;
   std::vector<owned_range<T>> owned; // what this rank updates (lay_out: everything)
   // What this rank holds of the parameters' values and gradients, for reports and checks
   // (lay_out: every parameter whole; a sharding pass replaces them with its slices).
@@ -136,8 +150,18 @@ public:
   double dloss = 1;       // d(step loss)/d(micro-batch loss): 1 / micro_batches (x loss scale)
   double grad_scale = 1;  // what the optimizer multiplies gradients by (clip, unscale)
   double grad_norm = -1;  // the global norm when computed, else -1
-  bool skip_step = false; // a pass decided this step must not update (overflow)
+  bool skip_step = false; // this step must not update (a gradient overflowed)
   std::function<void(double&)> reduce_norm_sq; // sums the local square norm over ranks
+  // Loss scaling (fp16): the backward ran with dloss multiplied by loss_scale; check_overflow
+  // checks the owned gradients for inf/NaN and any_rank (the OR over every rank of the mesh;
+  // null on one rank) makes every rank agree before a step is skipped.
+  double loss_scale = 1;
+  bool check_overflow = false;
+  std::function<bool(bool)> any_rank;
+  // Test hook: runs on the finished gradients just before the overflow check and the norm
+  // (tests make one rank's gradient inf through it).
+  std::function<void(state&)> gradient_hook;
+  std::int64_t applied_steps = 0; // optimizer steps taken (skipped steps not counted)
 
   // ---- activations -----------------------------------------------------------------------
   // out[l][s]: layer l's output in slot s; saved[l][s]: its saved state; dout[l]: the
@@ -152,6 +176,16 @@ public:
   std::vector<bool> recompute_layer;
   std::vector<std::int32_t> shared_of;
   std::vector<std::unique_ptr<saved_base>> shared_saved;
+  // Offload: offloaded[l] says layer l's output (the kept input of recomputed layer l + 1)
+  // is written into work[l % 2] and copied to pool[l][slot] once layer l + 1 has read it, and
+  // copied back just before layer l + 1 re-runs its forward. Two working buffers serve every
+  // slot and chunk: the operations that read one (a chunk's forward or backward of one
+  // micro-batch) run one after another, with no other compute between them.
+  bool offload = false;
+  std::vector<bool> offloaded;
+  std::vector<std::vector<nn::detail::workspace<T>>> pool;
+  std::array<nn::detail::workspace<T>, 2> work{nn::detail::workspace<T>(memory_kind::activations),
+                                               nn::detail::workspace<T>(memory_kind::activations)};
   bool recompute_attention = false;   // selective recompute
   mutable nn::shared_scratch scratch; // what the rank's layers share (nn::layer_context::scratch)
   std::vector<nn::detail::workspace<T>> dout;
@@ -283,11 +317,12 @@ public:
         return;
       std::size_t const d = lo - flat;
       if (!owned.empty() && owned.back().in_norm == counted &&
+          owned.back().flat + owned.back().count == lo &&
           owned.back().values + owned.back().count == values_at + d &&
           owned.back().grads + owned.back().count == grads_at + d)
         owned.back().count += hi - lo;
       else
-        owned.push_back({values_at + d, grads_at + d, hi - lo, state_offset + d, counted});
+        owned.push_back({values_at + d, grads_at + d, hi - lo, state_offset + d, counted, lo});
     };
     std::size_t const end = flat + count;
     if (!norm_skips_replicated) {
@@ -355,10 +390,19 @@ public:
     dout.resize(layers.size());
     in.resize(chunks.size());
     din.resize(chunks.size());
+    offloaded.assign(layers.size(), false);
+    pool.resize(layers.size());
     for (std::size_t c = 0; c < chunks.size(); ++c) {
       std::size_t const n = p.slots[c];
       for (std::uint32_t l = chunks[c].first; l <= chunks[c].last; ++l) {
-        while (out[l].size() < n)
+        // Offloaded: an output inside the chunk (not its last, which the loss or the next
+        // stage reads) whose reader re-runs its forward.
+        offloaded[l] = offload && l < chunks[c].last && l + 1 < recompute_layer.size() &&
+                       recompute_layer[l + 1];
+        if (offloaded[l])
+          while (pool[l].size() < n)
+            pool[l].emplace_back(memory_kind::host_offload);
+        while (!offloaded[l] && out[l].size() < n)
           out[l].emplace_back(memory_kind::activations);
         if (l < recompute_layer.size() && recompute_layer[l])
           share_saved(l);
@@ -463,13 +507,18 @@ public:
     return c;
   }
 
+  /// Layer l's output buffer in slot s: its own, or (offloaded) the working buffer of its parity.
+  nn::detail::workspace<T>& out_of(std::size_t l, std::size_t s) {
+    return offloaded.size() > l && offloaded[l] ? work[l % 2] : out[l][s];
+  }
+
   /// The input of layer l for op o: the previous layer's output, a received chunk input, or
   /// the batch's features (layer 0 of a features model).
   tensor_view<T const> input_of(op const& o) {
     std::size_t const rows = mb_rows(), l = o.layer;
     chunk_layers const& c = chunks[o.chunk];
     if (l > c.first)
-      return out[l - 1][o.slot].view(rows_out(l - 1), layers[l - 1].out);
+      return out_of(l - 1, o.slot).view(rows_out(l - 1), layers[l - 1].out);
     if (l == 0)
       return tensor_view<T const>(batch.features.data() + o.micro_batch * rows * layers[0].in,
                                   {rows, layers[0].in});
@@ -483,17 +532,27 @@ public:
 
   void run_forward(op const& o) {
     std::size_t const l = o.layer;
-    auto y = out[l][o.slot].get(rows_out(l), layers[l].out);
+    // Offload: the input of a re-run comes back from the pool first.
+    bool const moves_input = l > 0 && offloaded[l - 1] && l > chunks[o.chunk].first;
+    std::size_t const input_elements = moves_input ? rows_out(l - 1) * layers[l - 1].out : 0;
+    if (moves_input && o.recompute())
+      std::memcpy(static_cast<void*>(out_of(l - 1, o.slot).get(input_elements, 1).data()),
+                  pool[l - 1][o.slot].data(), input_elements * sizeof(T));
+    auto y = out_of(l, o.slot).get(rows_out(l), layers[l].out);
     auto ctx = context(o);
     if (layers[l].kind == node_kind::input)
       nodes[l]->forward_ids(ctx, ids_of(batch.tokens, o), y, saved_of(o));
     else
       nodes[l]->forward(ctx, input_of(o), y, saved_of(o));
+    // ... and goes to the pool once this (first) forward has read it.
+    if (moves_input && !o.recompute() && training)
+      std::memcpy(static_cast<void*>(pool[l - 1][o.slot].get(input_elements, 1).data()),
+                  out_of(l - 1, o.slot).data(), input_elements * sizeof(T));
   }
 
   void run_loss(op const& o) {
     std::size_t const rows = mb_rows(), l = o.layer;
-    auto logits = out[l][o.slot].view(rows, layers[l].out);
+    auto logits = out_of(l, o.slot).view(rows, layers[l].out);
     auto targets = ids_of(batch.targets, o);
     auto ctx = context(o);
     loss_sum += loss->loss_forward(ctx, logits, targets, *loss_saved(o.slot));
@@ -507,7 +566,7 @@ public:
       // The loss's gradient, d(step loss)/d(logits), from what its forward saved for this
       // micro-batch: computed here, not at the loss, since a pipeline schedule may run
       // several forwards before this backward.
-      auto logits = out[l][o.slot].view(rows, layers[l].out);
+      auto logits = out_of(l, o.slot).view(rows, layers[l].out);
       loss->loss_backward(ctx, logits, ids_of(batch.targets, o), *loss_saved(o.slot),
                           dout[l].get(rows, layers[l].out), dloss);
     }
@@ -534,6 +593,20 @@ public:
   }
 
   void run_clip() {
+    if (gradient_hook)
+      gradient_hook(*this);
+    if (check_overflow) {
+      bool found = false;
+      for (auto const& r : owned)
+        found = found || optim::has_non_finite(std::span<T const>(r.grads, r.count));
+      if (any_rank)
+        found = any_rank(found);
+      if (found) {
+        skip_step = true;
+        return;
+      }
+    }
+    grad_scale = 1.0 / loss_scale;
     if (clip <= 0 && !want_norm)
       return;
     double sq = 0;
@@ -542,6 +615,7 @@ public:
         sq += optim::sum_of_squares(std::span<T const>(r.grads, r.count));
     if (reduce_norm_sq)
       reduce_norm_sq(sq);
+    sq /= loss_scale * loss_scale;
     if (!std::isfinite(sq)) {
       grad_norm = sq;
       if (!skip_step)
@@ -560,17 +634,77 @@ public:
     }
   }
 
+  /// The optimizer's step over the owned elements. Skipped steps leave everything untouched
+  /// and do not count: the optimizer's step (bias correction) and the learning rate's step
+  /// are the count of steps taken.
   void run_optimizer_step() {
     if (skip_step)
       return;
+    ++applied_steps;
     optim::step_context c;
-    c.lr = lr ? lr(step) : 0.0;
-    c.step = step;
+    c.lr = lr ? lr(applied_steps) : 0.0;
+    c.step = applied_steps;
     c.grad_scale = grad_scale;
-    for (auto const& r : owned)
-      if (r.count)
+    for (auto const& r : owned) {
+      if (!r.count)
+        continue;
+      if constexpr (!has_master) {
         optimizer->step(std::span<T>(r.values, r.count), std::span<T const>(r.grads, r.count), c,
                         r.state_offset);
+      } else {
+        // Block by block: widen the gradients, update the f32 master weights, round them to
+        // the 16-bit parameters.
+        for (std::size_t at = 0; at < r.count; at += widened.size()) {
+          std::size_t const n = std::min(widened.size(), r.count - at);
+          for (std::size_t i = 0; i < n; ++i)
+            widened[i] = element_traits<T>::to_compute(r.grads[at + i]);
+          master_type* m = master.data() + r.state_offset + at;
+          optimizer->step(std::span<master_type>(m, n),
+                          std::span<master_type const>(widened.data(), n), c, r.state_offset + at);
+          for (std::size_t i = 0; i < n; ++i)
+            r.values[at + i] = element_traits<T>::from_compute(m[i]);
+        }
+      }
+    }
+  }
+
+  /// Mixed precision: allocates the f32 master weights of the owned elements and fills them
+  /// with the parameters' f32 initial values (a function of name, seed and element index, so
+  /// exactly the f32 model's), which round to the 16-bit values the parameters hold.
+  void make_master(memory_ledger& ledger) {
+    if constexpr (has_master) {
+      std::size_t n = 0;
+      for (auto const& r : owned)
+        n = std::max(n, r.state_offset + r.count);
+      master = buffer<master_type>(n, memory_kind::optimizer_state, ledger);
+      widened.assign(std::size_t{4096}, master_type{});
+      for (auto const& r : owned) {
+        master_type* m = master.data() + r.state_offset;
+        for (std::size_t i = 0; i < r.count; ++i) // padding: its (zero) values
+          m[i] = element_traits<T>::to_compute(r.values[i]);
+        std::size_t const end = r.flat + r.count;
+        for (auto const& e : params) {
+          std::size_t const b = e.offset, lo = std::max(b, r.flat),
+                            hi = std::min(b + e.p->size(), end);
+          if (lo >= hi)
+            continue;
+          auto fill = [&](std::size_t at, std::size_t count, std::size_t first) {
+            nn::init_values(std::span<master_type>(m + (at - r.flat), count), e.p->name(),
+                            e.p->rule(), seed, first);
+          };
+          if (!e.p->sharded()) {
+            fill(lo, hi - lo, lo - b);
+            continue;
+          }
+          e.p->for_each_run([&](nn::shard_run const& run) {
+            std::size_t const rb = b + run.offset, l2 = std::max(rb, lo),
+                              h2 = std::min(rb + run.count, hi);
+            if (l2 < h2)
+              fill(l2, h2 - l2, run.first + (l2 - rb));
+          });
+        }
+      }
+    }
   }
 
   /// The loss node's saved state of a slot (one per slot of the last chunk).

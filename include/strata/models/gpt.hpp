@@ -43,6 +43,12 @@ struct gpt_model {
   using value_type = T;
   gpt_config config{};
 
+  /// The same model in element type U (what a 16-bit precision policy builds).
+  template <class U>
+  gpt_model<U> rebind() const {
+    return {config};
+  }
+
   void build(engine::model_builder<T>& b) const {
     gpt_config const& c = config;
     nn::tp_group const* tp = b.tp();

@@ -22,6 +22,12 @@ struct mlp_model {
   std::size_t depth = 4; // linear layers
   std::size_t classes = 1024;
 
+  /// The same model in element type U (what a 16-bit precision policy builds).
+  template <class U>
+  mlp_model<U> rebind() const {
+    return {features, width, depth, classes};
+  }
+
   void build(engine::model_builder<T>& b) const {
     for (std::size_t i = 0; i < depth; ++i) {
       std::size_t const in = i == 0 ? features : width;

@@ -52,6 +52,14 @@ struct static_gpt_model : gpt_model<T> {
     this->config.sequence_parallel = SequenceParallel;
   }
 
+  /// The same model in element type U (what a 16-bit precision policy builds).
+  template <class U>
+  static_gpt_model<U, Vocab, Seq, Features, Heads, Layers, SequenceParallel> rebind() const {
+    static_gpt_model<U, Vocab, Seq, Features, Heads, Layers, SequenceParallel> m;
+    m.config = this->config;
+    return m;
+  }
+
   void build(engine::model_builder<T>& b) const {
     gpt_config const& c = this->config;
     if (c.vocab != Vocab || c.seq != Seq || c.features != Features || c.heads != Heads ||

@@ -119,10 +119,14 @@ void check_replicas(C& dp, engine::state<T> const& s, std::string_view who) {
 } // namespace detail
 
 /// The data-parallel pass over communicator C (the mesh's dp group).
-template <class T, comm::communicator C>
+///
+/// R is the type gradients are reduced in: T, or f32 for 16-bit T (precision::reduce<float>):
+/// a bucket is widened into an f32 buffer, all-reduced in f32 and rounded back once.
+template <class T, comm::communicator C, class R = T>
 class data_parallel_pass final : public engine::pass<T> {
+  static constexpr bool widen = !std::is_same_v<R, T>;
   using request_t =
-      decltype(std::declval<C&>().all_reduce_async(std::span<T>(), comm::reduce_op::avg));
+      decltype(std::declval<C&>().all_reduce_async(std::span<R>(), comm::reduce_op::avg));
   enum : std::uint32_t {
     arg_wait_all = 0xffffffffu,
     arg_loss = 0xfffffffeu,
@@ -149,6 +153,8 @@ public:
     if (dp_->size() > 1)
       dp_->broadcast(std::span<T>(s.values.data(), s.tail_begin), 0);
     buckets_ = make_buckets(s, d_.first_bucket_bytes, d_.bucket_bytes, 1);
+    if constexpr (widen)
+      wide_ = buffer<R>(s.flat_size, memory_kind::communication, default_ledger());
     requests_.assign(buckets_.size(), std::nullopt);
     loss_slot_ = s.tail_begin;
   }
@@ -195,10 +201,19 @@ public:
     }
     if (o.code == engine::op_code::collective) {
       bucket const& b = buckets_[o.arg];
-      if (b.end > loss_slot_) // the last bucket carries the loss
-        s.grads.data()[loss_slot_] = static_cast<T>(s.loss_sum);
-      requests_[o.arg] = dp_->all_reduce_async(
-          std::span<T>(s.grads.data() + b.begin, b.end - b.begin), comm::reduce_op::avg);
+      if constexpr (carries_loss)
+        if (b.end > loss_slot_) // the last bucket carries the loss
+          s.grads.data()[loss_slot_] = static_cast<T>(s.loss_sum);
+      if constexpr (widen) {
+        R* const w = wide_.data();
+        for (std::size_t i = b.begin; i < b.end; ++i)
+          w[i] = static_cast<R>(element_traits<T>::to_compute(s.grads.data()[i]));
+        requests_[o.arg] =
+            dp_->all_reduce_async(std::span<R>(w + b.begin, b.end - b.begin), comm::reduce_op::avg);
+      } else {
+        requests_[o.arg] = dp_->all_reduce_async(
+            std::span<T>(s.grads.data() + b.begin, b.end - b.begin), comm::reduce_op::avg);
+      }
       return;
     }
     if (o.code == engine::op_code::wait) {
@@ -207,8 +222,19 @@ public:
           r->wait();
           r.reset();
         }
-      s.loss_sum = static_cast<double>(s.grads.data()[loss_slot_]);
-      s.grads.data()[loss_slot_] = T(0);
+      if constexpr (widen) // the f32 averages, rounded once
+        for (auto const& b : buckets_)
+          for (std::size_t i = b.begin; i < b.end; ++i)
+            s.grads.data()[i] =
+                element_traits<T>::from_compute(static_cast<compute_t<T>>(wide_.data()[i]));
+      if constexpr (carries_loss) {
+        s.loss_sum = static_cast<double>(s.grads.data()[loss_slot_]);
+        s.grads.data()[loss_slot_] = T(0);
+      } else { // a 16-bit slot would round the loss: average it in double
+        double l = s.loss_sum;
+        dp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::avg);
+        s.loss_sum = l;
+      }
       return;
     }
     if (o.code == engine::op_code::custom && o.arg == arg_divergence) {
@@ -255,6 +281,9 @@ private:
   std::vector<std::optional<request_t>> requests_;
   std::vector<std::int64_t> hashes_;
   std::size_t loss_slot_ = 0;
+  buffer<R> wide_; // R != T: the f32 gradients being reduced
+  // f32 and f64 gradients carry the loss in their last bucket; 16-bit ones would round it.
+  static constexpr bool carries_loss = sizeof(T) >= 4;
 };
 
 } // namespace strata::parallel

@@ -2,6 +2,7 @@
 // once; the plan lowers to a plan_descriptor (values) that the trainer builds passes from.
 #pragma once
 
+#include <strata/policy/precision.hpp>
 #include <strata/policy/recompute.hpp>
 
 #include <cstddef>
@@ -133,7 +134,12 @@ struct plan_descriptor {
   struct recompute_desc {
     std::size_t every = 0;  // 0: none; k: one hidden layer in every k re-runs its forward
     bool selective = false; // attention re-creates its probabilities in backward
+    bool offload = false;   // the recomputed layers' inputs live in a host pool
   } recompute{};
+  struct precision_desc {
+    int kind = 0; // 0 fp32 (the model's type), 1 bf16, 2 fp16 (with dynamic loss scaling)
+    bool reduce_f32 = false; // precision::reduce<float>: gradients reduced in f32
+  } precision{};
   struct sharded_desc {
     bool enabled = false;
     int stage = 0;
@@ -461,11 +467,14 @@ template <std::size_t K>
 struct is_recompute<recompute::every_k<K>> : std::true_type {};
 template <>
 struct is_recompute<recompute::selective> : std::true_type {};
+template <class P>
+struct is_recompute<recompute::offload<P>> : std::true_type {};
 
 template <class T>
 inline constexpr bool is_plan_option_v =
     is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
-    is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value;
+    is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value ||
+    is_precision<T>::value || is_reduce_type<T>::value;
 
 template <class T>
 inline constexpr std::size_t micro_batch_mentions = [] {
@@ -485,24 +494,41 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
   else if constexpr (is_recompute<O>::value) {
     d.recompute.every = O::every;
     d.recompute.selective = std::is_same_v<O, recompute::selective>;
-  } else
+    d.recompute.offload = requires {
+      O::offloads;
+    };
+  } else if constexpr (is_precision<O>::value)
+    d.precision.kind = O::kind;
+  else if constexpr (is_reduce_type<O>::value)
+    d.precision.reduce_f32 = true;
+  else
     O::lower(d);
 }
 } // namespace detail
 
 /// The plan: options in any order, each at most once. plan<> trains on one rank.
 /// Options: data_parallel<...> or sharded<...>, tensor_parallel<...>, pipeline_parallel<...>,
-/// micro_batches<M>
-/// (gradient accumulation without a strategy, or beside one that does not name it).
+/// micro_batches<M> (gradient accumulation without a strategy, or beside one that does not
+/// name it), a recompute policy (recompute::...), a precision policy (precision::...).
 template <class... Options>
 struct plan {
-  static_assert(
-      (detail::is_plan_option_v<Options> && ...),
-      "strata: plan<...> got an option it does not know: the options are "
-      "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...>, "
-      "micro_batches<M> and a recompute policy (recompute::none, full, every<K>, selective)");
+  static_assert((detail::is_plan_option_v<Options> && ...),
+                "strata: plan<...> got an option it does not know: the options are "
+                "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...>, "
+                "micro_batches<M>, a recompute policy (recompute::none, full, every<K>, selective, "
+                "offload<P>) and "
+                "a precision policy (precision::fp32, bf16, fp16, with precision::reduce<float>)");
   static_assert(detail::count_v<detail::is_recompute, Options...> <= 1,
                 "strata: plan<...> names a recompute policy twice: give one");
+  static_assert(detail::count_v<detail::is_precision, Options...> <= 1,
+                "strata: plan<...> names a precision policy twice: give one");
+  static_assert(detail::count_v<detail::is_reduce_type, Options...> <= 1,
+                "strata: plan<...> names precision::reduce twice: give it once");
+  static_assert(detail::count_v<detail::is_reduce_type, Options...> == 0 ||
+                    (0 + ... + detail::precision_kind_of<Options>) != 0,
+                "strata: precision::reduce<float> sets the gradient reduction of a 16-bit "
+                "policy, but the plan computes in fp32 (whose gradients are reduced in f32 "
+                "already): name precision::bf16 or precision::fp16, or drop reduce<float>");
   static_assert(detail::count_v<detail::is_tensor_parallel, Options...> <= 1,
                 "strata: plan<...> names tensor_parallel twice: give it once");
   static_assert(detail::count_v<detail::is_sharded, Options...> <= 1,

@@ -27,6 +27,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -89,6 +90,15 @@ std::vector<std::int32_t> shard_segments(engine::state<T> const& s,
   return seg;
 }
 
+// A reduced value (T itself, or f32) in T's compute type.
+template <class V>
+auto to_f32(V v) noexcept {
+  if constexpr (std::is_same_v<V, float> || std::is_same_v<V, double>)
+    return v;
+  else
+    return element_traits<V>::to_compute(v);
+}
+
 template <class T>
 void fill_nan(T* p, std::size_t n) noexcept {
   T const nan = element_traits<T>::from_compute(std::numeric_limits<compute_t<T>>::quiet_NaN());
@@ -118,10 +128,15 @@ void fill_nan(T* p, std::size_t n) noexcept {
 ///   execution order, and freed after its last consecutive operation (kept from forward to
 ///   backward when reshard_after_forward is false); its gradients are reduce-scattered as in
 ///   stage 2. The slots a program needs are found by simulating it.
-template <class T, comm::communicator C>
+///
+/// R is the type gradients are reduced in: T, or f32 for 16-bit T (precision::reduce<float>):
+/// each segment's gradients are widened into an f32 buffer, reduce-scattered in f32 and added
+/// into the 16-bit shard with one rounding.
+template <class T, comm::communicator C, class R = T>
 class sharded_pass final : public engine::pass<T> {
+  static constexpr bool widen = !std::is_same_v<R, T>;
   using rs_request = decltype(std::declval<C&>().reduce_scatter_async(
-      std::span<T const>(), std::span<T>(), comm::reduce_op::avg));
+      std::span<R const>(), std::span<R>(), comm::reduce_op::avg));
   using ag_request =
       decltype(std::declval<C&>().all_gather_async(std::span<T const>(), std::span<T>()));
 
@@ -194,6 +209,8 @@ public:
     if (d_.stage == 1) {
       if (n > 1)
         dp_->broadcast(std::span<T>(s.values.data(), s.flat_size), 0);
+      if constexpr (widen)
+        wide_flat_ = buffer<R>(s.flat_size, memory_kind::communication, ledger);
       s.owned.clear();
       s.grad_pieces.clear();
       for (std::size_t g = 0; g < segs_.size(); ++g) {
@@ -209,7 +226,9 @@ public:
     for (std::size_t k = 0; k < 2; ++k) {
       staging_[k] = buffer<T>(max_size_, memory_kind::gradients, ledger);
       std::memset(static_cast<void*>(staging_[k].data()), 0, max_size_ * sizeof(T));
-      reduced_[k] = buffer<T>(max_slice_, memory_kind::communication, ledger);
+      reduced_[k] = buffer<R>(max_slice_, memory_kind::communication, ledger);
+      if constexpr (widen)
+        wide_[k] = buffer<R>(max_size_, memory_kind::communication, ledger);
     }
     s.owned.clear();
     s.grad_pieces.clear();
@@ -350,14 +369,29 @@ public:
       auto const& sg = s.segments[g];
       auto const& v = segs_[g];
       if (d_.stage == 1) {
-        seg_requests_[g] = dp_->reduce_scatter_async(
-            std::span<T const>(s.grads.data() + sg.begin, sg.size),
-            std::span<T>(s.grads.data() + v.begin, v.count), comm::reduce_op::avg);
+        if constexpr (widen) {
+          R* const w = wide_flat_.data();
+          widen_into(s.grads.data() + sg.begin, w + sg.begin, sg.size);
+          seg_requests_[g] =
+              dp_->reduce_scatter_async(std::span<R const>(w + sg.begin, sg.size),
+                                        std::span<R>(w + v.begin, v.count), comm::reduce_op::avg);
+        } else {
+          seg_requests_[g] = dp_->reduce_scatter_async(
+              std::span<T const>(s.grads.data() + sg.begin, sg.size),
+              std::span<T>(s.grads.data() + v.begin, v.count), comm::reduce_op::avg);
+        }
         return;
       }
+      R const* send = nullptr;
+      if constexpr (widen) {
+        widen_into(staging_[o.slot].data(), wide_[o.slot].data(), sg.size);
+        send = wide_[o.slot].data();
+      } else {
+        send = staging_[o.slot].data();
+      }
       rs_pending_[o.slot] = dp_->reduce_scatter_async(
-          std::span<T const>(staging_[o.slot].data(), sg.size),
-          std::span<T>(reduced_[o.slot].data(), v.count), comm::reduce_op::avg);
+          std::span<R const>(send, sg.size), std::span<R>(reduced_[o.slot].data(), v.count),
+          comm::reduce_op::avg);
       rs_segment_[o.slot] = g;
       return;
     }
@@ -368,6 +402,11 @@ public:
             r->wait();
             r.reset();
           }
+        if constexpr (widen) // the reduced f32 slices, rounded once into the 16-bit shard
+          for (auto const& v : segs_)
+            for (std::size_t i = 0; i < v.count; ++i)
+              s.grads.data()[v.begin + i] = element_traits<T>::from_compute(
+                  static_cast<compute_t<T>>(wide_flat_.data()[v.begin + i]));
         if constexpr (STRATA_POISON_UNOWNED)
           poison_unowned_grads(s);
       } else {
@@ -482,13 +521,23 @@ private:
     rs_pending_[k].reset();
     auto const& v = segs_[rs_segment_[k]];
     T* const dst = shard_grads_.data() + v.shard_offset;
-    T const* const src = reduced_[k].data();
-    for (std::size_t i = 0; i < v.count; ++i)
-      dst[i] += src[i];
+    R const* const src = reduced_[k].data();
+    for (std::size_t i = 0; i < v.count; ++i) {
+      if constexpr (std::is_same_v<T, compute_t<T>>)
+        dst[i] += src[i];
+      else // 16-bit gradients: add in f32, round once
+        dst[i] = element_traits<T>::from_compute(element_traits<T>::to_compute(dst[i]) +
+                                                 detail::to_f32(src[i]));
+    }
     if constexpr (STRATA_POISON_UNOWNED) {
       detail::fill_nan(staging_[k].data(), state_->segments[rs_segment_[k]].size);
       detail::fill_nan(reduced_[k].data(), v.count);
     }
+  }
+
+  static void widen_into(T const* from, R* to, std::size_t n) noexcept {
+    for (std::size_t i = 0; i < n; ++i)
+      to[i] = static_cast<R>(element_traits<T>::to_compute(from[i]));
   }
 
   void poison_unowned_grads(engine::state<T>& s) noexcept {
@@ -599,7 +648,9 @@ private:
   std::size_t shard_total_ = 0, max_size_ = 0, max_slice_ = 0;
   std::vector<T*> value_base_, grad_base_;
   buffer<T> shard_values_, shard_grads_;
-  std::array<buffer<T>, 2> staging_, reduced_;
+  std::array<buffer<T>, 2> staging_;
+  std::array<buffer<R>, 2> reduced_, wide_; // wide_: f32 copies of staging_ (R != T)
+  buffer<R> wide_flat_;                     // stage 1, R != T: the f32 gradients
   std::array<std::optional<rs_request>, 2> rs_pending_;
   std::array<std::uint32_t, 2> rs_segment_{};
   std::vector<std::optional<rs_request>> seg_requests_;

@@ -39,6 +39,20 @@ using every = every_k<K>;
 struct selective {
   static constexpr std::size_t every = 0;
 };
+/// Offload (with full or every<K>): the inputs the recomputed layers keep through the forward
+/// go to a separate host pool (memory_kind::host_offload) right after the next layer has read
+/// them, and come back just before their layer re-runs its forward; the activation memory
+/// holds two working buffers a micro-batch in flight instead of one input a layer.
+/// DeepSpeed's cpu_checkpointing; on the GPU later: pinned memory and asynchronous copies.
+/// Bit for bit the gradients of none.
+template <class Policy = full>
+struct offload {
+  static_assert(Policy::every >= 1,
+                "strata: recompute::offload<P> moves the inputs of recomputed layers: P must be "
+                "recompute::full or recompute::every<K>");
+  static constexpr std::size_t every = Policy::every;
+  static constexpr bool offloads = true;
+};
 } // namespace recompute
 
 } // namespace strata

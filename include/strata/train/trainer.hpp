@@ -17,6 +17,7 @@
 #include <strata/nn/context.hpp>
 #include <strata/nn/parameter.hpp>
 #include <strata/nn/tensor_parallel.hpp>
+#include <strata/optim/loss_scaler.hpp>
 #include <strata/parallel/data_parallel.hpp>
 #include <strata/parallel/partition.hpp>
 #include <strata/parallel/pipeline.hpp>
@@ -30,8 +31,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -47,6 +50,11 @@ struct trainer_options {
   std::uint64_t seed = 0;        ///< parameter initialisation and dropout
   std::size_t micro_batches = 0; ///< 0: the plan's (1 unless it names micro_batches<M>)
   std::string label{};           ///< the memory ledger's name; empty: "rank <world rank>"
+  /// Dynamic loss scaling under precision::fp16 (ignored otherwise).
+  optim::loss_scaler_options loss_scaler{};
+  /// fp16: step() throws after this many steps in a row skipped for overflow (the gradients
+  /// are inf/NaN at any scale: the model diverged); 0: never.
+  std::int64_t max_overflows_in_a_row = 50;
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
@@ -57,7 +65,8 @@ struct step_result {
   double loss = 0;
   double grad_norm = -1;
   double lr = 0;
-  bool skipped = false;
+  bool skipped = false;     ///< a gradient overflowed (fp16): nothing was updated
+  double loss_scale = 1;    ///< the loss scale this step's backward ran with (fp16)
   double seconds = 0;       ///< the whole step
   double forward = 0;       ///< forward and loss operations
   double backward = 0;      ///< backward operations
@@ -74,14 +83,39 @@ class trainer {
   static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
   static_assert(check_plan<Model, Plan>());
   static_assert(check_tensor_parallel<Model, Plan>());
+  static constexpr int precision_kind = Plan::descriptor().precision.kind;
+  using model_element = typename Model::value_type;
+  static_assert(precision_kind != 0 || std::is_same_v<model_element, float> ||
+                    std::is_same_v<model_element, double>,
+                "strata: the model is built in a 16-bit type but the plan's precision is fp32 "
+                "(the default): name precision::bf16 or precision::fp16 in the plan (f32 master "
+                "weights), or build the model in float");
+  static_assert(precision_kind != 1 || !std::is_same_v<model_element, f16>,
+                "strata: plan<precision::bf16> with a model built in f16: build it in float "
+                "(or bf16), or use precision::fp16");
+  static_assert(precision_kind != 2 || !std::is_same_v<model_element, bf16>,
+                "strata: plan<precision::fp16> with a model built in bf16: build it in float "
+                "(or f16), or use precision::bf16");
 
 public:
-  using value_type = typename Model::value_type;
+  /// The element type the model runs in: the model's own under precision::fp32, bf16 or f16
+  /// under the 16-bit policies (the trainer builds model.rebind<T>()).
+  using value_type = precision_compute_t<model_element, precision_kind>;
   using T = value_type;
+  /// The type the optimizer updates: T for f32 and f64, f32 master weights for 16-bit T.
+  using master_type = compute_t<T>;
+  /// The type gradients are reduced in over the dp group: T, or f32 with precision::reduce.
+  using reduce_type = std::conditional_t<Plan::descriptor().precision.reduce_f32, master_type, T>;
+  static_assert(
+      std::is_same_v<model_element, T> || requires(Model const& m) { m.template rebind<T>(); },
+      "strata: a 16-bit precision policy builds the model in bf16 or f16: give the model "
+      "`template <class U> M<U> rebind() const` returning the same model in U (as "
+      "models::gpt_model does), or write it in that type");
 
   /// One rank, no communicator: the reference every plan is checked against. A plan with a
   /// strategy needs the mesh constructor.
-  trainer(Model const& model, engine::optimizer_factory<T> optimizer, trainer_options options)
+  trainer(Model const& model, engine::optimizer_factory<master_type> optimizer,
+          trainer_options options)
       : options_(std::move(options)), ledger_(std::make_unique<memory_ledger>(
                                           options_.label.empty() ? "rank 0" : options_.label)) {
     static_assert(
@@ -97,7 +131,7 @@ public:
   /// group). The mesh's axes must match the plan: an axis of size > 1 needs the strategy
   /// that uses it. The mesh and its communicators must outlive the trainer.
   template <comm::communicator C>
-  trainer(comm::mesh<C>& mesh, Model const& model, engine::optimizer_factory<T> optimizer,
+  trainer(comm::mesh<C>& mesh, Model const& model, engine::optimizer_factory<master_type> optimizer,
           trainer_options options)
       : options_(std::move(options)),
         ledger_(std::make_unique<memory_ledger>(options_.label.empty()
@@ -146,10 +180,17 @@ public:
       passes_.push_back(std::make_unique<parallel::tensor_parallel_pass<T, C>>(mesh.tp()));
     }
     if constexpr (d.data_parallel.enabled)
-      passes_.push_back(
-          std::make_unique<parallel::data_parallel_pass<T, C>>(mesh.dp(), d.data_parallel));
+      passes_.push_back(std::make_unique<parallel::data_parallel_pass<T, C, reduce_type>>(
+          mesh.dp(), d.data_parallel));
     if constexpr (d.sharded.enabled)
-      passes_.push_back(std::make_unique<parallel::sharded_pass<T, C>>(mesh.dp(), d.sharded));
+      passes_.push_back(
+          std::make_unique<parallel::sharded_pass<T, C, reduce_type>>(mesh.dp(), d.sharded));
+    if (d.precision.kind == 2 && mesh.world().size() > 1)
+      state_.any_rank = [&world = mesh.world()](bool found) {
+        double v = found ? 1.0 : 0.0;
+        world.all_reduce(std::span<double>(&v, 1), comm::reduce_op::max);
+        return v != 0;
+      };
     init(model, std::move(optimizer));
   }
 
@@ -166,15 +207,32 @@ public:
     ledger_scope scope(*ledger_);
     state_.training = true;
     state_.set_batch(batch, micro_batches_);
-    state_.dloss = 1.0 / static_cast<double>(micro_batches_);
+    double const scale = scaler_ ? scaler_->scale() : 1.0;
+    state_.loss_scale = scale;
+    state_.dloss = scale / static_cast<double>(micro_batches_);
     state_.step = state_.step + 1;
     exec_.run(program_, state_, passes_, trace_);
+    if (scaler_) {
+      (void)scaler_->update(state_.skip_step); // the flag every rank agreed on
+      std::int64_t const k = scaler_->consecutive_overflows(),
+                         limit = options_.max_overflows_in_a_row;
+      if (limit > 0 && k >= limit)
+        throw error("strata: fp16: " + std::to_string(k) +
+                    " steps in a row had inf/NaN gradients and were skipped (step " +
+                    std::to_string(state_.step) + ", loss scale now " +
+                    std::to_string(scaler_->scale()) + ", min_scale " +
+                    std::to_string(options_.loss_scaler.min_scale) +
+                    "): the model diverged or the data holds inf/NaN; lower the learning rate, "
+                    "clip the gradients, or use precision::bf16 (f32's range); "
+                    "trainer_options::max_overflows_in_a_row sets this limit");
+    }
     step_result r;
     r.step = state_.step;
     r.loss = state_.loss_sum / static_cast<double>(micro_batches_);
     r.grad_norm = state_.grad_norm;
-    r.lr = options_.lr(state_.step);
     r.skipped = state_.skip_step;
+    r.lr = options_.lr(state_.applied_steps + (r.skipped ? 1 : 0));
+    r.loss_scale = scale;
     r.seconds = trace_.total();
     r.forward = trace_.seconds(engine::op_category::forward);
     r.backward = trace_.seconds(engine::op_category::backward);
@@ -186,6 +244,19 @@ public:
                   ": the model diverged or the data holds inf/NaN; lower the learning rate or "
                   "clip the gradients (trainer_options::clip)");
     return r;
+  }
+
+  /// A batch of the model's own element type when the trainer runs it in a 16-bit type:
+  /// features (if any) are rounded to T in a buffer the trainer keeps.
+  template <class U>
+  requires(std::is_same_v<U, model_element> && !std::is_same_v<U, T>) step_result
+      step(engine::batch_view<U> const& batch) {
+    return step(narrowed(batch));
+  }
+  template <class U>
+  requires(std::is_same_v<U, model_element> &&
+           !std::is_same_v<U, T>) double evaluate(engine::batch_view<U> const& batch) {
+    return evaluate(narrowed(batch));
   }
 
   /// One step on a loader's batch of token ids and next-token targets.
@@ -261,14 +332,36 @@ public:
   engine::program const& program() const noexcept { return program_; }
   engine::trace const& trace() const noexcept { return trace_; }
   memory_ledger& ledger() noexcept { return *ledger_; }
-  engine::optimizer_slot<T>& optimizer() noexcept { return *state_.optimizer; }
+  engine::optimizer_slot<master_type>& optimizer() noexcept { return *state_.optimizer; }
+  /// The loss scaler (precision::fp16), or null.
+  optim::dynamic_loss_scaler const* loss_scaler() const noexcept {
+    return scaler_ ? &*scaler_ : nullptr;
+  }
   /// The training program as a table, one operation a line.
   std::string describe() const {
     return program_.table([this](std::uint16_t id) { return std::string(passes_[id]->name()); });
   }
 
 private:
-  void init(Model const& model, engine::optimizer_factory<T> optimizer) {
+  // Calls f with the model in T: the model itself, or its rebind<T>().
+  template <class F>
+  static void with_model(Model const& model, F&& f) {
+    if constexpr (std::is_same_v<model_element, T>)
+      f(model);
+    else
+      f(model.template rebind<T>());
+  }
+
+  engine::batch_view<T> narrowed(engine::batch_view<model_element> const& b) {
+    if (narrow_.size() < b.features.size())
+      narrow_.resize(b.features.size());
+    for (std::size_t i = 0; i < b.features.size(); ++i)
+      narrow_[i] = element_cast<T>(b.features[i]);
+    return {b.sequences, b.seq, b.tokens, std::span<T const>(narrow_.data(), b.features.size()),
+            b.targets};
+  }
+
+  void init(Model const& model, engine::optimizer_factory<master_type> optimizer) {
     ledger_scope scope(*ledger_);
     if (!options_.lr)
       throw config_error("strata: trainer_options::lr is not set: give a learning-rate "
@@ -287,7 +380,7 @@ private:
         all.set_tp(&tp_group_);
       {
         nn::deferred_parameters deferred;
-        model.build(all);
+        with_model(model, [&](auto const& m) { m.build(all); });
       }
       std::vector<std::size_t> cost;
       for (auto const& l : all.info())
@@ -319,13 +412,14 @@ private:
     }
     {
       nn::deferred_parameters deferred;
-      model.build(b);
+      with_model(model, [&](auto const& m) { m.build(b); });
     }
     std::uint32_t const n = static_cast<std::uint32_t>(b.info().size());
     if (chunks.empty())
       chunks.push_back({0, n == 0 ? 0 : n - 1, true});
     state_.adopt(b, std::move(chunks));
     state_.recompute_attention = d.recompute.selective;
+    state_.offload = d.recompute.offload;
     if (std::size_t const k = d.recompute.every; k > 0) {
       // One hidden layer in every k, counting the model's hidden layers in order.
       state_.recompute_layer.assign(state_.layers.size(), false);
@@ -345,6 +439,11 @@ private:
       e.p->init(options_.seed);
     for (auto& p : passes_)
       p->setup(state_);
+    state_.make_master(*ledger_);
+    if constexpr (precision_kind == 2) {
+      scaler_.emplace(options_.loss_scaler);
+      state_.check_overflow = true;
+    }
     state_.optimizer = optimizer(state_.owned_size());
     optimizer_bytes_ = state_.optimizer->state_bytes();
     ledger_->record_allocate(memory_kind::optimizer_state, optimizer_bytes_);
@@ -387,6 +486,8 @@ private:
   std::size_t micro_batches_ = 1;
   std::size_t optimizer_bytes_ = 0;
   engine::state<T> state_;
+  std::optional<optim::dynamic_loss_scaler> scaler_; // precision::fp16
+  std::vector<T> narrow_;                            // features rounded to T
   std::vector<std::unique_ptr<engine::pass<T>>> passes_;
   engine::program program_, eval_;
   engine::executor<T> exec_;

@@ -117,8 +117,9 @@ inline void micro_kernel_store(std::size_t kc, C const* __restrict a, C const* _
 
 /// c[i * ldc + j] = (accumulate ? c[i * ldc + j] : 0) + sum_p A(i, p) B(p, j), where
 /// A(i, p) = a[i * rsa + p * csa] and B(p, j) = b[p * rsb + j * csb]: transposes are strides.
-/// Products and sums in C; 16-bit inputs widen to C while packing, the result rounds once
-/// per panel of depth kc. Single-threaded.
+/// Products and sums in C; 16-bit inputs widen to C while packing. A 16-bit output rounds
+/// once: deeper than one panel (kc), the sums go through a C buffer the thread keeps (grown on
+/// first use), rounded when complete. Single-threaded.
 template <class C, class TA, class TB, class TC>
 void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t rsa,
           std::size_t csa, TB const* b, std::size_t rsb, std::size_t csb, TC* c, std::size_t ldc,
@@ -133,6 +134,23 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t 
         for (std::size_t j = 0; j < n; ++j)
           c[i * ldc + j] = from_compute_value<TC>(C{0});
     return;
+  }
+  if constexpr (!std::is_same_v<TC, C>) {
+    if (k > blk::kc) {
+      thread_local std::vector<C> wide;
+      if (wide.size() < m * n)
+        wide.resize(m * n);
+      C* const w = wide.data();
+      if (accumulate)
+        for (std::size_t i = 0; i < m; ++i)
+          for (std::size_t j = 0; j < n; ++j)
+            w[i * n + j] = to_compute_value<C>(c[i * ldc + j]);
+      gemm<C>(m, n, k, a, rsa, csa, b, rsb, csb, w, n, accumulate);
+      for (std::size_t i = 0; i < m; ++i)
+        for (std::size_t j = 0; j < n; ++j)
+          c[i * ldc + j] = from_compute_value<TC>(w[i * n + j]);
+      return;
+    }
   }
   auto& packs = thread_packs<C>();
   std::size_t const nc_max = std::min(blk::nc, (n + nr - 1) / nr * nr);

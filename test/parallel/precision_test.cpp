@@ -1,0 +1,366 @@
+// Mixed precision: bf16 and fp16 training tracks f32 under every strategy (and really
+// computes in 16 bits); the master weights start as the f32 model's; fp16's dynamic loss
+// scaling skips a step on every rank when one rank's gradient overflows, leaving everything
+// untouched, and grows the scale after its interval; ZeRO-3 gathers bf16 at half the bytes.
+#include <strata/comm/local.hpp>
+#include <strata/comm/mesh.hpp>
+#include <strata/models/gpt.hpp>
+#include <strata/optim/adamw.hpp>
+#include <strata/train/trainer.hpp>
+
+#include "../support/parity.hpp"
+#include "../support/seed.hpp"
+#include "../support/training.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace st = strata;
+namespace eng = strata::engine;
+
+namespace {
+
+st::models::gpt_model<float> model() {
+  return {{.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
+}
+
+eng::optimizer_factory<float> adamw() {
+  return eng::use<st::optim::adamw<float>>({.eps = 1e-6, .weight_decay = 0.1});
+}
+
+constexpr int steps = 20;
+
+// Trains `steps` steps of Plan on this rank's slice of one global batch and returns the
+// losses (the mean over the data-parallel ranks, as every rank reports it).
+template <class Plan, class Mesh>
+std::vector<double> losses(Mesh* mesh, std::uint64_t seed) {
+  auto const g = model();
+  st::test::parity_options o{.sequences = 8, .seq = 8};
+  auto const data = st::test::make_parity_data(g, o, seed);
+  std::size_t dp = 1, d = 0;
+  if constexpr (!std::is_same_v<Mesh, void>) {
+    dp = static_cast<std::size_t>(mesh->shape().dp);
+    d = static_cast<std::size_t>(mesh->coords().dp);
+  }
+  std::size_t const per = o.sequences / dp;
+  auto const batch = data.slice(d * per, per, o.seq, 0);
+  st::trainer_options const opts{.lr = st::test::constant_lr(3e-3), .clip = 1.0, .seed = seed};
+  std::vector<double> out;
+  auto run = [&](auto& t) {
+    for (int k = 0; k < steps; ++k)
+      out.push_back(t.step(batch).loss);
+  };
+  if constexpr (std::is_same_v<Mesh, void>) {
+    st::trainer<st::models::gpt_model<float>, Plan> t(g, adamw(), opts);
+    run(t);
+  } else {
+    st::trainer<st::models::gpt_model<float>, Plan> t(*mesh, g, adamw(), opts);
+    run(t);
+  }
+  return out;
+}
+
+// The 16-bit run tracks the f32 run: the loss after `steps` steps within 2e-2 relative, the
+// loss falling, and not bitwise the f32 run's (it computes in 16 bits).
+std::string tracks(std::vector<double> const& f32, std::vector<double> const& low) {
+  double const rel = std::abs(low.back() - f32.back()) / f32.back();
+  std::string bad;
+  if (!(rel <= 2e-2))
+    bad += " final loss " + std::to_string(low.back()) + " vs f32 " + std::to_string(f32.back()) +
+           " (relative " + std::to_string(rel) + " > 2e-2);";
+  if (!(low.back() < low.front() - 0.1))
+    bad += " the loss did not fall (" + std::to_string(low.front()) + " -> " +
+           std::to_string(low.back()) + ");";
+  if (low == f32)
+    bad += " bitwise equal to the f32 run;";
+  return bad;
+}
+
+} // namespace
+
+TEST_CASE("bf16 and fp16 training track f32 (one rank)", "[parallel][precision]") {
+  std::uint64_t const seed = st::test::seed();
+  auto const f32 = losses<st::plan<st::micro_batches<2>>, void>(nullptr, seed);
+  auto const b16 = losses<st::plan<st::micro_batches<2>, st::precision::bf16>, void>(nullptr, seed);
+  auto const h16 = losses<st::plan<st::precision::fp16, st::micro_batches<2>>, void>(nullptr, seed);
+  INFO("seed " << seed);
+  CHECK(tracks(f32, b16) == "");
+  CHECK(tracks(f32, h16) == "");
+  CHECK(b16 != h16);
+}
+
+TEST_CASE("bf16 and fp16 training track f32 under every strategy", "[parallel][precision]") {
+  std::uint64_t const seed = st::test::seed();
+  auto check = [&]<class F, class B, class H>(std::string const& what, st::comm::mesh_shape shape,
+                                              F*, B*, H*) {
+    int const n = std::max(1, shape.dp) * std::max(1, shape.tp) * std::max(1, shape.pp);
+    std::vector<std::vector<double>> f(static_cast<std::size_t>(n)), b(f.size()), h(f.size());
+    st::comm::local::run(n, [&](st::comm::local::communicator& world) {
+      st::comm::mesh mesh(world, shape);
+      auto const r = static_cast<std::size_t>(world.rank());
+      f[r] = losses<F>(&mesh, seed);
+      b[r] = losses<B>(&mesh, seed);
+      h[r] = losses<H>(&mesh, seed);
+    });
+    INFO(what << ", seed " << seed);
+    for (std::size_t r = 0; r < f.size(); ++r) {
+      INFO("rank " << r);
+      CHECK(tracks(f[r], b[r]) == "");
+      CHECK(tracks(f[r], h[r]) == "");
+    }
+  };
+  using bf = st::precision::bf16;
+  using hf = st::precision::fp16;
+  using ddp = st::data_parallel<st::micro_batches<2>>;
+  check("data parallel", {.dp = 2}, (st::plan<ddp>*)nullptr, (st::plan<bf, ddp>*)nullptr,
+        (st::plan<ddp, hf>*)nullptr);
+  using z3 = st::sharded<st::zero<3>>;
+  check("zero-3", {.dp = 2}, (st::plan<z3>*)nullptr, (st::plan<z3, bf>*)nullptr,
+        (st::plan<hf, z3>*)nullptr);
+  using tp = st::tensor_parallel<>;
+  check("tp 2", {.tp = 2}, (st::plan<tp>*)nullptr, (st::plan<tp, bf>*)nullptr,
+        (st::plan<tp, hf>*)nullptr);
+  using pp = st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>;
+  check("1f1b pp 2", {.pp = 2}, (st::plan<pp>*)nullptr, (st::plan<bf, pp>*)nullptr,
+        (st::plan<pp, hf>*)nullptr);
+  check("dp 2 x tp 2 x pp 2", {.dp = 2, .tp = 2, .pp = 2},
+        (st::plan<st::data_parallel<>, tp, pp>*)nullptr,
+        (st::plan<st::data_parallel<>, tp, pp, bf>*)nullptr,
+        (st::plan<hf, st::data_parallel<>, tp, pp>*)nullptr);
+}
+
+TEST_CASE("the master weights start as the f32 model's and round to the 16-bit parameters",
+          "[parallel][precision]") {
+  std::uint64_t const seed = st::test::seed();
+  auto const g = model();
+  st::trainer_options const opts{.lr = st::test::constant_lr(1e-3), .seed = seed};
+  st::trainer<st::models::gpt_model<float>> f(g, adamw(), opts);
+  st::trainer<st::models::gpt_model<float>, st::plan<st::precision::bf16>> b(g, adamw(), opts);
+  static_assert(std::is_same_v<decltype(b)::value_type, st::bf16>);
+  static_assert(std::is_same_v<decltype(b)::master_type, float>);
+  std::vector<float> fv, bv;
+  f.for_each_value_piece([&](auto const&, std::size_t, std::span<float const> v) {
+    fv.insert(fv.end(), v.begin(), v.end());
+  });
+  b.for_each_value_piece([&](auto const&, std::size_t, std::span<st::bf16 const> v) {
+    for (auto x : v)
+      bv.push_back(static_cast<float>(x));
+  });
+  REQUIRE(fv.size() == bv.size());
+  auto const& s = b.state();
+  REQUIRE(s.master.size() == fv.size() + s.flat_size - s.tail_begin);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < fv.size(); ++i) {
+    REQUIRE(s.master.data()[i] == fv[i]); // flat order on one rank: the same order
+    REQUIRE(bv[i] == static_cast<float>(st::element_cast<st::bf16>(fv[i])));
+    differ += bv[i] != fv[i] ? 1 : 0;
+  }
+  CHECK(differ > fv.size() / 2); // the parameters really are rounded
+  // The master weights count as optimizer state (f32, 4 bytes an element).
+  CHECK(b.ledger().current(st::memory_kind::parameters) * 2 ==
+        f.ledger().current(st::memory_kind::parameters));
+}
+
+TEST_CASE("fp16: an overflow on one rank skips the step on every rank, and the scale moves",
+          "[parallel][precision]") {
+  std::uint64_t const seed = st::test::seed();
+  auto check = [&]<class Plan>(std::string const& what, st::comm::mesh_shape shape, Plan*) {
+    int const n = std::max(1, shape.dp) * std::max(1, shape.tp) * std::max(1, shape.pp);
+    st::comm::local::run(n, [&](st::comm::local::communicator& world) {
+      st::comm::mesh mesh(world, shape);
+      auto const g = model();
+      st::test::parity_options o{.sequences = 8, .seq = 8};
+      auto const data = st::test::make_parity_data(g, o, seed);
+      std::size_t const dp = static_cast<std::size_t>(mesh.shape().dp);
+      std::size_t const per = o.sequences / dp;
+      auto const batch =
+          data.slice(static_cast<std::size_t>(mesh.coords().dp) * per, per, o.seq, 0);
+      st::trainer_options opts{.lr = st::test::constant_lr(3e-3), .clip = 1.0, .seed = seed};
+      opts.loss_scaler.initial_scale = 1024;
+      opts.loss_scaler.growth_interval = 2;
+      st::trainer<st::models::gpt_model<float>, Plan> t(mesh, g, adamw(), opts);
+      int const bad_rank = n - 1, bad_step = 3;
+      t.state().gradient_hook = [&](auto& s) {
+        if (world.rank() == bad_rank && s.step == bad_step) {
+          for (auto& r : s.owned)
+            if (r.count) {
+              r.grads[r.count / 2] = st::f16(std::numeric_limits<float>::infinity());
+              return;
+            }
+        }
+      };
+      double const expect_scale[] = {1024, 1024, 2048, 1024, 1024, 2048};
+      for (int k = 1; k <= 6; ++k) {
+        auto& s = t.state();
+        std::vector<float> master(s.master.data(), s.master.data() + s.master.size());
+        std::vector<st::f16> values;
+        t.for_each_value_piece([&](auto const&, std::size_t, std::span<st::f16 const> v) {
+          values.insert(values.end(), v.begin(), v.end());
+        });
+        auto const opt = t.optimizer().save();
+        auto const r = t.step(batch);
+        STRATA_CHECK_MSG(r.loss_scale == expect_scale[k - 1], what + ": step " + std::to_string(k) +
+                                                                  " ran with loss scale " +
+                                                                  std::to_string(r.loss_scale));
+        STRATA_CHECK_MSG(r.skipped == (k == bad_step),
+                         what + ": rank " + std::to_string(world.rank()) + " step " +
+                             std::to_string(k) + " skipped = " + std::to_string(r.skipped));
+        std::vector<float> master2(s.master.data(), s.master.data() + s.master.size());
+        std::vector<st::f16> values2;
+        t.for_each_value_piece([&](auto const&, std::size_t, std::span<st::f16 const> v) {
+          values2.insert(values2.end(), v.begin(), v.end());
+        });
+        bool const same_values = values.size() == values2.size() &&
+                                 std::equal(values.begin(), values.end(), values2.begin(),
+                                            [](st::f16 a, st::f16 b) { return a.bits == b.bits; });
+        if (k == bad_step) {
+          STRATA_CHECK_MSG(master == master2 && same_values,
+                           what + ": a skipped step changed the weights");
+          STRATA_CHECK_MSG(t.optimizer().save() == opt,
+                           what + ": a skipped step changed the optimizer state");
+        } else {
+          STRATA_CHECK_MSG(master != master2, what + ": step " + std::to_string(k) +
+                                                  " did not update the master weights");
+        }
+      }
+      STRATA_CHECK(t.optimizer().step_count() == 5);
+      STRATA_CHECK(t.loss_scaler()->skipped_steps() == 1);
+    });
+  };
+  using hf = st::precision::fp16;
+  check("one rank", {}, (st::plan<hf>*)nullptr);
+  check("data parallel", {.dp = 2}, (st::plan<hf, st::data_parallel<>>*)nullptr);
+  check("zero-3", {.dp = 2}, (st::plan<st::sharded<st::zero<3>>, hf>*)nullptr);
+  check("dp 2 x pp 2", {.dp = 2, .pp = 2},
+        (st::plan<hf, st::data_parallel<>,
+                  st::pipeline_parallel<st::one_f_one_b, st::micro_batches<2>>>*)nullptr);
+  check("tp 2", {.tp = 2}, (st::plan<hf, st::tensor_parallel<>>*)nullptr);
+}
+
+TEST_CASE("ZeRO-3 gathers bf16 parameters at half the bytes of f32", "[parallel][precision]") {
+  std::uint64_t const seed = st::test::seed();
+  std::uint64_t f32_bytes = 0, bf16_bytes = 0, f32_calls = 0, bf16_calls = 0;
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    auto const g = model();
+    st::test::parity_options o{.sequences = 4, .seq = 8};
+    auto const data = st::test::make_parity_data(g, o, seed);
+    auto const batch = data.slice(static_cast<std::size_t>(mesh.coords().dp) * 2, 2, o.seq, 0);
+    st::trainer_options const opts{.lr = st::test::constant_lr(1e-3), .seed = seed};
+    using k = st::comm::op_kind;
+    auto const& c = mesh.dp().counters();
+    auto measure = [&](auto& t, std::uint64_t& bytes, std::uint64_t& calls) {
+      t.step(batch);
+      auto const b0 = c.bytes(k::all_gather), c0 = c.calls(k::all_gather);
+      t.step(batch);
+      if (world.rank() == 0) {
+        bytes = c.bytes(k::all_gather) - b0;
+        calls = c.calls(k::all_gather) - c0;
+      }
+    };
+    {
+      st::trainer<st::models::gpt_model<float>, st::plan<st::sharded<st::zero<3>>>> t(
+          mesh, g, adamw(), opts);
+      measure(t, f32_bytes, f32_calls);
+    }
+    {
+      st::trainer<st::models::gpt_model<float>,
+                  st::plan<st::sharded<st::zero<3>>, st::precision::bf16>>
+          t(mesh, g, adamw(), opts);
+      measure(t, bf16_bytes, bf16_calls);
+    }
+  });
+  REQUIRE(f32_calls > 0);
+  CHECK(bf16_calls == f32_calls);
+  CHECK(bf16_bytes * 2 == f32_bytes);
+}
+
+TEST_CASE("precision::reduce<float> reduces the gradients in f32 (twice the bytes)",
+          "[parallel][precision]") {
+  // The in-process backend sums 16-bit values in f32 and rounds once, so with one micro-batch
+  // a step reducing in f32 (widen, reduce, round once) must give bitwise the same training:
+  // any element the widening path misplaces shows. On the wire it moves f32: twice the bytes.
+  std::uint64_t const seed = st::test::seed();
+  auto check = [&]<class Strategy>(std::string const& what, Strategy*) {
+    std::vector<double> l16[2], l32[2];
+    std::vector<std::uint16_t> v16[2], v32[2];
+    std::uint64_t b16 = 0, b32 = 0;
+    st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+      st::comm::mesh mesh(world, {.dp = 2});
+      auto const g = model();
+      st::test::parity_options o{.sequences = 4, .seq = 8};
+      auto const data = st::test::make_parity_data(g, o, seed);
+      auto const r = static_cast<std::size_t>(world.rank());
+      auto const batch = data.slice(r * 2, 2, o.seq, 0);
+      st::trainer_options const opts{.lr = st::test::constant_lr(3e-3), .clip = 1.0, .seed = seed};
+      auto const& c = mesh.dp().counters();
+      auto run = [&](auto& t, std::vector<double>& l, std::vector<std::uint16_t>& v,
+                     std::uint64_t& bytes) {
+        using k = st::comm::op_kind;
+        auto const b0 = c.bytes(k::all_reduce) + c.bytes(k::reduce_scatter);
+        for (int s = 0; s < 4; ++s)
+          l.push_back(t.step(batch).loss);
+        if (r == 0)
+          bytes = c.bytes(k::all_reduce) + c.bytes(k::reduce_scatter) - b0;
+        t.for_each_value_piece([&](auto const&, std::size_t, std::span<st::bf16 const> s) {
+          for (auto x : s)
+            v.push_back(x.bits);
+        });
+      };
+      {
+        st::trainer<st::models::gpt_model<float>, st::plan<Strategy, st::precision::bf16>> t(
+            mesh, g, adamw(), opts);
+        run(t, l16[r], v16[r], b16);
+      }
+      {
+        st::trainer<st::models::gpt_model<float>,
+                    st::plan<st::precision::reduce<float>, Strategy, st::precision::bf16>>
+            t(mesh, g, adamw(), opts);
+        run(t, l32[r], v32[r], b32);
+      }
+    });
+    INFO(what << ", seed " << seed);
+    for (int r = 0; r < 2; ++r) {
+      CHECK(l16[r] == l32[r]);
+      CHECK(v16[r] == v32[r]);
+    }
+    // The gradient reductions move f32: twice the bytes, less the few scalar all-reduces
+    // (loss, norm: 8 bytes each, the same in both runs) counted in both.
+    CHECK(b32 > b16);
+    CHECK(b32 - b16 + 64 * 8 >= b16);
+    CHECK(b32 - b16 <= b16);
+  };
+  check("data parallel", (st::data_parallel<>*)nullptr);
+  check("zero-1", (st::sharded<st::zero<1>>*)nullptr);
+  check("zero-2", (st::sharded<st::zero<2>>*)nullptr);
+  check("zero-3", (st::sharded<st::zero<3>>*)nullptr);
+}
+
+TEST_CASE("fp16: a run whose every step overflows stops with the reason", "[parallel][precision]") {
+  std::uint64_t const seed = st::test::seed();
+  auto const g = model();
+  st::test::parity_options o{.sequences = 2, .seq = 8};
+  auto const data = st::test::make_parity_data(g, o, seed);
+  st::trainer_options opts{.lr = st::test::constant_lr(1e-3), .seed = seed};
+  opts.max_overflows_in_a_row = 3;
+  st::trainer<st::models::gpt_model<float>, st::plan<st::precision::fp16>> t(g, adamw(), opts);
+  t.state().gradient_hook = [](auto& s) { s.owned[0].grads[0] = st::f16(std::nanf("")); };
+  CHECK(t.step(data.view(2, 8)).skipped);
+  CHECK(t.step(data.view(2, 8)).skipped);
+  try {
+    t.step(data.view(2, 8));
+    FAIL("the third overflow in a row must throw");
+  } catch (st::error const& e) {
+    std::string const what = e.what();
+    CHECK(what.find("3 steps in a row had inf/NaN gradients") != std::string::npos);
+    CHECK(what.find("max_overflows_in_a_row") != std::string::npos);
+  }
+  CHECK(t.optimizer().step_count() == 0);
+}
