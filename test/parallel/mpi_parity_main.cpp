@@ -23,6 +23,8 @@ using st::test::parity_optimizer;
 
 int main(int argc, char** argv) {
   int failures = 0;
+  // "hybrid" (with mpirun -np 8): only the dp 2 x tp 2 x pp 2 lines of the hybrid matrix.
+  bool const hybrid_only = argc > 1 && std::string(argv[1]) == "hybrid";
   int const rc = st::comm::mpi::run(argc, argv, [&](st::comm::mpi::communicator& world) {
     int const n = world.size();
     std::int64_t seed = world.rank() == 0 ? static_cast<std::int64_t>(st::test::seed()) : 0;
@@ -34,6 +36,36 @@ int main(int argc, char** argv) {
       if (!r.ok)
         ++failures;
     };
+    if (hybrid_only) {
+      if (n != 8) {
+        if (world.rank() == 0)
+          std::printf("hybrid: run with mpirun -np 8 (dp 2 x tp 2 x pp 2), not %d\n", n);
+        ++failures;
+        return;
+      }
+      st::models::gpt_model<float> const g{
+          {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 4}};
+      st::test::parity_options const o{.sequences = 16,
+                                       .seq = 8,
+                                       .optimizer = parity_optimizer::sgd,
+                                       .lr = 5e-2,
+                                       .clip = 0.05,
+                                       .seed = s};
+      st::comm::mesh_shape const shape{.dp = 2, .tp = 2, .pp = 2};
+      using f1b = st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>;
+      using il = st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>>;
+      auto lines = [&]<class S>(std::string const& z, S*) {
+        line(("gpt4 f32 sgd " + z + " x tp2 x pp2 1f1b, clipping").c_str(),
+             st::test::check_parity<st::plan<S, st::tensor_parallel<>, f1b>>(world, g, o, shape));
+        line(("gpt4 f32 sgd " + z + " x tp2 x pp2 v2, clipping").c_str(),
+             st::test::check_parity<st::plan<S, st::tensor_parallel<>, il>>(world, g, o, shape));
+      };
+      lines("dp2", (st::data_parallel<>*)nullptr);
+      lines("zero1 dp2", (st::sharded<st::zero<1>>*)nullptr);
+      lines("zero2 dp2", (st::sharded<st::zero<2>>*)nullptr);
+      lines("zero3 dp2", (st::sharded<st::zero<3>>*)nullptr);
+      return;
+    }
     using ddp = st::plan<st::data_parallel<>>;
     using ddp_acc = st::plan<st::data_parallel<st::micro_batches<2>, st::bucket_mib<1>>>;
     std::size_t const b = 2 * static_cast<std::size_t>(n);
