@@ -1,15 +1,30 @@
-// A character-level GPT trained on one rank on a real text: the GPL under
-// /usr/share/common-licenses (present on every Debian machine) or any file given by --data.
+// The training demo: a character-level GPT trained on a real text — the GPL under
+// /usr/share/common-licenses (present on every Debian machine) or any file given by --data —
+// under a parallel layout chosen by flags, on in-process ranks (threads; the default) or
+// under mpirun with --backend mpi.
 //
-//   strata_train_gpt [--data FILE] [--steps N] [--batch B] [--seq T] [--layers L]
-//                    [--features D] [--heads H] [--lr LR] [--micro-batches M] [--seed S]
-//                    [--eval-every N] [--expect-margin NATS]
+//   strata_train_gpt [--dp N] [--tp N] [--pp N] [--zero S] [--schedule gpipe|1f1b|interleaved]
+//                    [--micro-batches M] [--precision fp32|bf16|fp16]
+//                    [--recompute none|full|selective|every:K|offload] [--backend local|mpi]
+//                    [--data FILE] [--steps N] [--batch B] [--seq T] [--layers L]
+//                    [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N]
+//                    [--csv FILE] [--svg FILE] [--expect-margin NATS]
 //
-// Prints one line per step (step, loss, tokens/s, peak memory), the validation loss every
-// --eval-every steps, and at the end the validation loss beside the text's unigram entropy:
-// a model that only learns letter frequencies reaches that entropy, one that learns more goes
-// below it. With --expect-margin m it exits 1 unless the final validation loss is below the
-// entropy minus m nats.
+// The default layout is hybrid, on 4 ranks: dp 2 x pp 2 (1F1B, 4 micro-batches), data
+// parallel. --zero S (1, 2, 3) shards the data-parallel state (ZeRO-S); --tp N splits every
+// block over N ranks (the vocabulary is padded to a multiple of N). World = dp x tp x pp.
+// A layout the library cannot run (heads that do not divide by --tp, more stages than
+// layers, ...) stops with the library's own message.
+//
+// Prints one line per step (step, loss, tokens/s, the step's time, the largest peak memory of
+// any rank), the validation loss every --eval-every steps, and at the end the validation loss
+// beside the text's unigram entropy (a model that only learns letter frequencies reaches that
+// entropy; one that learns more goes below it), the time in compute against exposed
+// communication, a CSV of the metrics (--csv) and the loss curve as an SVG file (--svg). With
+// --expect-margin m it exits 1 unless the final validation loss is below the entropy minus m
+// nats.
+#include <strata/comm/local.hpp>
+#include <strata/comm/mesh.hpp>
 #include <strata/data/loader.hpp>
 #include <strata/data/sampler.hpp>
 #include <strata/data/text_dataset.hpp>
@@ -17,12 +32,20 @@
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/schedule.hpp>
 #include <strata/train/trainer.hpp>
+#if STRATA_DEMO_MPI
+#include <strata/comm/mpi.hpp>
+#endif
 
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
+#include <initializer_list>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace st = strata;
 
@@ -31,7 +54,10 @@ namespace {
 struct options {
   std::string data = "/usr/share/common-licenses/GPL-3";
   std::size_t steps = 300, batch = 8, seq = 64, layers = 8, features = 64, heads = 4;
-  std::size_t micro_batches = 1, eval_every = 50;
+  std::size_t micro_batches = 4, eval_every = 50;
+  int dp = 2, tp = 1, pp = 2, zero = 0;
+  std::string schedule = "1f1b", precision = "fp32", recompute = "none", backend = "local";
+  std::string csv = "strata_train_gpt.csv", svg = "strata_train_gpt.svg";
   double lr = 5e-3, expect_margin = -1;
   std::uint64_t seed = 1234;
 };
@@ -39,9 +65,12 @@ struct options {
 [[noreturn]] void usage(std::string const& why) {
   std::fprintf(stderr,
                "strata_train_gpt: %s\n"
-               "usage: strata_train_gpt [--data FILE] [--steps N] [--batch B] [--seq T] "
-               "[--layers L] [--features D] [--heads H] [--lr LR] [--micro-batches M] "
-               "[--seed S] [--eval-every N] [--expect-margin NATS]\n",
+               "usage: strata_train_gpt [--dp N] [--tp N] [--pp N] [--zero S] "
+               "[--schedule gpipe|1f1b|interleaved] [--micro-batches M] "
+               "[--precision fp32|bf16|fp16] [--recompute none|full|selective|every:K|offload] "
+               "[--backend local|mpi] [--data FILE] [--steps N] [--batch B] [--seq T] "
+               "[--layers L] [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N] "
+               "[--csv FILE] [--svg FILE] [--expect-margin NATS]\n",
                why.c_str());
   std::exit(2);
 }
@@ -59,6 +88,15 @@ options parse(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0' || x < 0)
         usage("option " + std::string(a) + " takes a number >= 0, got \"" + v + "\"");
       out = static_cast<std::remove_reference_t<decltype(out)>>(x);
+    };
+    auto one_of = [&](std::initializer_list<std::string_view> allowed) {
+      for (auto x : allowed)
+        if (v == x)
+          return v;
+      std::string list;
+      for (auto x : allowed)
+        list += (list.empty() ? "" : ", ") + std::string(x);
+      usage("option " + std::string(a) + " takes one of " + list + ", got \"" + v + "\"");
     };
     if (a == "--data")
       o.data = v;
@@ -84,50 +122,172 @@ options parse(int argc, char** argv) {
       number(o.eval_every);
     else if (a == "--expect-margin")
       number(o.expect_margin);
+    else if (a == "--dp")
+      number(o.dp);
+    else if (a == "--tp")
+      number(o.tp);
+    else if (a == "--pp")
+      number(o.pp);
+    else if (a == "--zero")
+      number(o.zero);
+    else if (a == "--schedule")
+      o.schedule = one_of({"gpipe", "1f1b", "interleaved"});
+    else if (a == "--precision")
+      o.precision = one_of({"fp32", "bf16", "fp16"});
+    else if (a == "--backend")
+      o.backend = one_of({"local", "mpi"});
+    else if (a == "--recompute") {
+      if (v.rfind("every:", 0) != 0)
+        o.recompute = one_of({"none", "full", "selective", "offload"});
+      else
+        o.recompute = v;
+    } else if (a == "--csv")
+      o.csv = v;
+    else if (a == "--svg")
+      o.svg = v;
     else
       usage("unknown option " + std::string(a));
   }
+  if (o.dp < 1 || o.tp < 1 || o.pp < 1)
+    usage("--dp, --tp and --pp take sizes >= 1");
+  if (o.zero > 3)
+    usage("--zero takes 0 (data parallel), 1, 2 or 3");
+  if (o.batch % static_cast<std::size_t>(o.dp) != 0)
+    usage("--batch " + std::to_string(o.batch) + " does not split over --dp " +
+          std::to_string(o.dp) + ": give a multiple of it");
   return o;
+}
+
+// The layout as a plan descriptor, assembled from the descriptors of compile-time plans.
+st::plan_descriptor layout_of(options const& o) {
+  st::plan_descriptor d;
+  if (o.zero == 0)
+    d.data_parallel = st::plan<st::data_parallel<>>::descriptor().data_parallel;
+  else if (o.zero == 1)
+    d.sharded = st::plan<st::sharded<st::zero<1>>>::descriptor().sharded;
+  else if (o.zero == 2)
+    d.sharded = st::plan<st::sharded<st::zero<2>>>::descriptor().sharded;
+  else
+    d.sharded = st::plan<st::sharded<st::zero<3>>>::descriptor().sharded;
+  d.tensor_parallel.enabled = true;
+  if (o.pp > 1) {
+    using m1 = st::micro_batches<1>;
+    if (o.schedule == "gpipe")
+      d.pipeline = st::plan<st::pipeline_parallel<st::gpipe, m1>>::descriptor().pipeline;
+    else if (o.schedule == "1f1b")
+      d.pipeline = st::plan<st::pipeline_parallel<st::one_f_one_b, m1>>::descriptor().pipeline;
+    else
+      d.pipeline = st::plan<st::pipeline_parallel<st::interleaved<2>, m1>>::descriptor().pipeline;
+  }
+  d.micro_batches = o.micro_batches;
+  if (o.recompute == "full")
+    d.recompute.every = 1;
+  else if (o.recompute == "selective")
+    d.recompute.selective = true;
+  else if (o.recompute == "offload")
+    d.recompute.every = 1, d.recompute.offload = true;
+  else if (o.recompute.rfind("every:", 0) == 0)
+    d.recompute.every = std::strtoul(o.recompute.c_str() + 6, nullptr, 10);
+  d.precision.kind = o.precision == "bf16" ? 1 : o.precision == "fp16" ? 2 : 0;
+  return d;
 }
 
 double mib(std::size_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
 
-} // namespace
+struct step_row {
+  std::size_t step;
+  double loss, tokens_per_s, step_ms, compute_ms, comm_ms, peak_mib;
+};
 
-int main(int argc, char** argv) try {
-  options const o = parse(argc, argv);
+void write_csv(std::string const& path, std::vector<step_row> const& rows) {
+  std::ofstream f(path);
+  f << "step,loss,tokens_per_s,step_ms,compute_ms,exposed_comm_ms,peak_mib_max_rank\n";
+  for (auto const& r : rows)
+    f << r.step << ',' << r.loss << ',' << r.tokens_per_s << ',' << r.step_ms << ',' << r.compute_ms
+      << ',' << r.comm_ms << ',' << r.peak_mib << '\n';
+}
+
+// The training loss by step as a polyline, with the unigram entropy as a dashed line.
+void write_svg(std::string const& path, std::vector<step_row> const& rows, double entropy,
+               std::string const& title) {
+  double const w = 720, h = 360, l = 60, r = 20, t = 40, b = 40;
+  double hi = entropy, lo = entropy;
+  for (auto const& x : rows)
+    hi = std::max(hi, x.loss), lo = std::min(lo, x.loss);
+  lo = std::max(0.0, lo - 0.1);
+  hi += 0.1;
+  double const n = static_cast<double>(std::max<std::size_t>(rows.size(), 2) - 1);
+  auto px = [&](double i) { return l + (w - l - r) * i / n; };
+  auto py = [&](double v) { return t + (h - t - b) * (hi - v) / (hi - lo); };
+  std::ofstream f(path);
+  f << "<svg xmlns='http://www.w3.org/2000/svg' width='" << w << "' height='" << h
+    << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' "
+       "fill='white'/>\n<text x='"
+    << l << "' y='20'>" << title << "</text>\n";
+  f << "<line x1='" << l << "' y1='" << h - b << "' x2='" << w - r << "' y2='" << h - b
+    << "' stroke='black'/><line x1='" << l << "' y1='" << t << "' x2='" << l << "' y2='" << h - b
+    << "' stroke='black'/>\n";
+  for (int k = 0; k <= 4; ++k) {
+    double const v = lo + (hi - lo) * k / 4;
+    f << "<text x='5' y='" << py(v) + 4 << "'>" << static_cast<int>(v * 100) / 100.0 << "</text>\n";
+  }
+  f << "<text x='" << w / 2 << "' y='" << h - 10 << "'>step (1 to " << rows.size()
+    << ")</text>\n<text x='" << l + 5 << "' y='" << py(entropy) - 5
+    << "' fill='gray'>unigram entropy</text>\n<line x1='" << l << "' y1='" << py(entropy)
+    << "' x2='" << w - r << "' y2='" << py(entropy)
+    << "' stroke='gray' stroke-dasharray='4 4'/>\n<polyline fill='none' stroke='steelblue' "
+       "stroke-width='1.5' points='";
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    f << px(static_cast<double>(i)) << ',' << py(rows[i].loss) << ' ';
+  f << "'/>\n</svg>\n";
+}
+
+// One rank's run; every rank runs it, rank 0 prints and writes the files. Returns the exit
+// code.
+template <class Precision, class C>
+int train(C& world, options const& o) {
+  st::comm::mesh mesh(world, {.dp = o.dp, .tp = o.tp, .pp = o.pp});
+  bool const lead = world.rank() == 0;
   st::data::text_dataset const text(o.data, o.seq, st::data::text_encoding::character);
-  auto const [train, val] = text.split(0.9);
+  auto const [train_set, val_set] = text.split(0.9);
   double const entropy = text.unigram_entropy();
-  std::printf("data: %s, %zu characters, vocabulary %zu, unigram entropy %.3f nats\n",
-              o.data.c_str(), text.tokens().size(), text.vocab(), entropy);
-
-  st::models::gpt_model<float> const model{{.vocab = text.vocab(),
-                                            .seq = o.seq,
-                                            .features = o.features,
-                                            .heads = o.heads,
-                                            .layers = o.layers}};
+  std::size_t const tp = static_cast<std::size_t>(o.tp);
+  std::size_t const vocab = (text.vocab() + tp - 1) / tp * tp; // padded for the tp split
+  st::models::gpt_model<float> const model{
+      {.vocab = vocab, .seq = o.seq, .features = o.features, .heads = o.heads, .layers = o.layers}};
   st::optim::warmup_cosine_schedule const schedule(
       {.max_lr = o.lr,
        .min_lr = o.lr / 10,
        .warmup_steps = std::min<std::int64_t>(20, static_cast<std::int64_t>(o.steps)),
        .total_steps = static_cast<std::int64_t>(o.steps)});
-  st::trainer<st::models::gpt_model<float>> trainer(
-      model, st::engine::use<st::optim::adamw<float>>({.weight_decay = 0.1}),
-      {.lr = schedule, .clip = 1.0, .seed = o.seed, .micro_batches = o.micro_batches});
-  std::printf("model: GPT, %zu blocks, d %zu, %zu heads, %zu parameters; batch %zu x %zu "
-              "tokens, %zu micro-batches\n",
-              o.layers, o.features, o.heads, trainer.parameter_count(), o.batch, o.seq,
-              trainer.micro_batches());
-
-  st::data::loader train_loader(train,
-                                st::data::distributed_sampler(train.size(), 1, 0, {.seed = o.seed}),
-                                {.batch = o.batch});
-  st::data::loader val_loader(val,
-                              st::data::distributed_sampler(val.size(), 1, 0, {.shuffle = false}),
-                              {.batch = std::min(o.batch, val.size())});
+  st::trainer<st::models::gpt_model<float>, st::runtime_plan<Precision>> trainer(
+      mesh, model, st::engine::use<st::optim::adamw<float>>({.weight_decay = 0.1}),
+      {.lr = schedule, .clip = 1.0, .seed = o.seed}, layout_of(o));
+  if (lead) {
+    std::printf("data: %s, %zu characters, vocabulary %zu (model: %zu), unigram entropy %.3f "
+                "nats\n",
+                o.data.c_str(), text.tokens().size(), text.vocab(), vocab, entropy);
+    std::string const dp_kind = o.zero ? "ZeRO-" + std::to_string(o.zero) : "data parallel";
+    std::printf("layout: %d ranks (%s backend) = dp %d x tp %d x pp %d; %s, %s, %zu "
+                "micro-batches, %s, recompute %s\n",
+                world.size(), o.backend.c_str(), o.dp, o.tp, o.pp, dp_kind.c_str(),
+                o.pp > 1 ? o.schedule.c_str() : "no pipeline", trainer.micro_batches(),
+                o.precision.c_str(), o.recompute.c_str());
+    std::printf("model: GPT, %zu blocks, d %zu, %zu heads; rank 0 holds %zu parameters; global "
+                "batch %zu x %zu tokens\n",
+                o.layers, o.features, o.heads, trainer.parameter_count(), o.batch, o.seq);
+  }
+  int const dp_rank = mesh.coords().dp;
+  std::size_t const per = o.batch / static_cast<std::size_t>(o.dp);
+  st::data::loader train_loader(
+      train_set, st::data::distributed_sampler(train_set.size(), o.dp, dp_rank, {.seed = o.seed}),
+      {.batch = per});
+  std::size_t const val_per = std::max<std::size_t>(1, std::min(per, val_set.size() / o.dp));
+  st::data::loader val_loader(
+      val_set, st::data::distributed_sampler(val_set.size(), o.dp, dp_rank, {.shuffle = false}),
+      {.batch = val_per});
   std::size_t const val_batches = val_loader.batches_per_epoch();
   auto validate = [&] {
     double sum = 0;
@@ -136,20 +296,43 @@ int main(int argc, char** argv) try {
     return sum / static_cast<double>(val_batches);
   };
 
+  std::vector<step_row> rows;
+  double compute_s = 0, comm_s = 0;
   for (std::size_t s = 1; s <= o.steps; ++s) {
     auto const r = trainer.step(train_loader.next());
+    double peak = static_cast<double>(trainer.ledger().peak()); // the largest of any rank
+    world.all_reduce(std::span<double>(&peak, 1), st::comm::reduce_op::max);
+    double const compute = r.forward + r.backward + r.optimizer;
+    compute_s += compute;
+    comm_s += r.communication;
     double const tokens = static_cast<double>(o.batch * o.seq);
-    std::printf(
-        "step %4zu  loss %.4f  norm %.3f  lr %.2e  %8.0f tokens/s  %6.1f ms  peak %.2f MiB\n", s,
-        r.loss, r.grad_norm, r.lr, tokens / r.seconds, r.seconds * 1e3,
-        mib(trainer.ledger().peak()));
-    if (o.eval_every && s % o.eval_every == 0 && s != o.steps)
-      std::printf("step %4zu  validation loss %.4f\n", s, validate());
+    rows.push_back({s, r.loss, tokens / r.seconds, r.seconds * 1e3, compute * 1e3,
+                    r.communication * 1e3, mib(static_cast<std::size_t>(peak))});
+    if (lead)
+      std::printf("step %4zu  loss %.4f  norm %.3f  lr %.2e  %8.0f tokens/s  %6.1f ms  peak "
+                  "%.2f MiB/rank%s\n",
+                  s, r.loss, r.grad_norm, r.lr, tokens / r.seconds, r.seconds * 1e3,
+                  mib(static_cast<std::size_t>(peak)), r.skipped ? "  (skipped: overflow)" : "");
+    if (o.eval_every && s % o.eval_every == 0 && s != o.steps) {
+      double const v = validate();
+      if (lead)
+        std::printf("step %4zu  validation loss %.4f\n", s, v);
+    }
   }
   double const final_loss = validate();
+  if (!lead)
+    return 0;
   std::printf("final: validation loss %.4f nats, unigram entropy %.4f nats (%+.4f)\n", final_loss,
               entropy, final_loss - entropy);
+  std::printf("time on rank 0: compute %.2f s, exposed communication %.2f s (%.1f%%; "
+              "tensor-parallel collectives run inside the layers and count as compute)\n",
+              compute_s, comm_s, 100 * comm_s / std::max(1e-12, compute_s + comm_s));
   std::printf("%s", trainer.ledger().report().c_str());
+  write_csv(o.csv, rows);
+  write_svg(o.svg, rows, entropy,
+            "strata_train_gpt: dp " + std::to_string(o.dp) + " x tp " + std::to_string(o.tp) +
+                " x pp " + std::to_string(o.pp) + ", " + o.precision + ", training loss");
+  std::printf("wrote %s and %s\n", o.csv.c_str(), o.svg.c_str());
   if (o.expect_margin >= 0 && !(final_loss < entropy - o.expect_margin)) {
     std::fprintf(stderr,
                  "strata_train_gpt: the validation loss %.4f is not below the unigram entropy "
@@ -158,6 +341,45 @@ int main(int argc, char** argv) try {
     return 1;
   }
   return 0;
+}
+
+template <class C>
+int train_any(C& world, options const& o) {
+  if (o.precision == "bf16")
+    return train<st::precision::bf16>(world, o);
+  if (o.precision == "fp16")
+    return train<st::precision::fp16>(world, o);
+  return train<st::precision::fp32>(world, o);
+}
+
+} // namespace
+
+int main(int argc, char** argv) try {
+  options const o = parse(argc, argv);
+  int const world = o.dp * o.tp * o.pp;
+  std::atomic<int> rc{0};
+  if (o.backend == "mpi") {
+#if STRATA_DEMO_MPI
+    int const mrc = st::comm::mpi::run(argc, argv, [&](st::comm::mpi::communicator& w) {
+      if (w.size() != world)
+        throw st::config_error("strata_train_gpt: mpirun started " + std::to_string(w.size()) +
+                               " processes but dp x tp x pp = " + std::to_string(world) +
+                               ": run mpirun -np " + std::to_string(world));
+      rc = std::max(rc.load(), train_any(w, o));
+    });
+    return mrc != 0 ? mrc : rc.load();
+#else
+    std::fprintf(stderr, "strata_train_gpt: --backend mpi: this build has no MPI (install "
+                         "libopenmpi-dev and rebuild)\n");
+    return 2;
+#endif
+  }
+  st::comm::local::run(world, [&](st::comm::local::communicator& w) {
+    int const r = train_any(w, o);
+    if (r != 0)
+      rc = r;
+  });
+  return rc.load();
 } catch (std::exception const& e) {
   std::fprintf(stderr, "strata_train_gpt: %s\n", e.what());
   return 1;

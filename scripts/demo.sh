@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds strata and runs the demo: the communicator demo, then a character-level GPT trained
-# on one rank (extra arguments go to strata_train_gpt, e.g. --steps 100).
+# under a hybrid layout on in-process ranks (extra arguments go to strata_train_gpt, e.g.
+# --steps 100 --dp 2 --tp 2 --pp 2 --zero 3 --precision bf16; see examples/train_gpt.cpp).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

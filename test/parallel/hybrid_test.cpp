@@ -146,3 +146,81 @@ TEST_CASE("bf16 tracks f32 on dp 2 x tp 2 x pp 2 under every data-parallel strat
   line("zero<2>", (st::sharded<st::zero<2>>*)nullptr);
   line("zero<3>", (st::sharded<st::zero<3>>*)nullptr);
 }
+
+TEST_CASE("a runtime plan trains bit for bit like the compile-time plan of the same layout",
+          "[parallel][hybrid]") {
+  std::uint64_t const seed = st::test::seed();
+  using static_plan = st::plan<st::sharded<st::zero<2>>, st::tensor_parallel<>, pipe_1f1b,
+                               st::precision::bf16, st::recompute::full>;
+  // The layout as a tool would assemble it from flags: pieces of compile-time descriptors.
+  st::plan_descriptor layout;
+  layout.sharded = st::plan<st::sharded<st::zero<2>>>::descriptor().sharded;
+  layout.tensor_parallel.enabled = true;
+  layout.pipeline = st::plan<pipe_1f1b>::descriptor().pipeline;
+  layout.micro_batches = 4;
+  layout.recompute.every = 1;
+  layout.precision.kind = 1;
+  std::vector<std::vector<double>> a(8), b(8);
+  std::vector<std::vector<std::uint16_t>> va(8), vb(8);
+  st::comm::local::run(8, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2, .tp = 2, .pp = 2});
+    auto const data = st::test::make_parity_data(gpt, {.sequences = 8, .seq = 8}, seed);
+    auto const batch = data.slice(static_cast<std::size_t>(mesh.coords().dp) * 4, 4, 8, 0);
+    auto const r = static_cast<std::size_t>(world.rank());
+    auto opt = [] { return st::engine::use<st::optim::adamw<float>>({.eps = 1e-6}); };
+    st::trainer_options const o{.lr = st::test::constant_lr(3e-3), .clip = 1.0, .seed = seed};
+    auto run = [&](auto& t, std::vector<double>& l, std::vector<std::uint16_t>& v) {
+      for (int k = 0; k < 3; ++k)
+        l.push_back(t.step(batch).loss);
+      t.for_each_value_piece([&](auto const&, std::size_t, std::span<st::bf16 const> s) {
+        for (auto x : s)
+          v.push_back(x.bits);
+      });
+    };
+    {
+      st::trainer<st::models::gpt_model<float>, static_plan> t(mesh, gpt, opt(), o);
+      run(t, a[r], va[r]);
+    }
+    {
+      st::trainer<st::models::gpt_model<float>, st::runtime_plan<st::precision::bf16>> t(
+          mesh, gpt, opt(), o, layout);
+      run(t, b[r], vb[r]);
+    }
+  });
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO("rank " << r);
+    CHECK(a[r] == b[r]);
+    CHECK(va[r] == vb[r]);
+  }
+}
+
+TEST_CASE("a runtime plan is checked when the trainer is built", "[parallel][hybrid]") {
+  auto refused = [](st::plan_descriptor layout, std::string const& expect) {
+    std::string what;
+    st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+      st::comm::mesh mesh(world, {.dp = 2});
+      try {
+        st::trainer<st::models::gpt_model<float>, st::runtime_plan<>> t(
+            mesh, gpt, st::engine::use<st::optim::adamw<float>>(),
+            {.lr = st::test::constant_lr(1e-3)}, layout);
+      } catch (st::config_error const& e) {
+        if (world.rank() == 0)
+          what = e.what();
+      }
+    });
+    INFO(what);
+    CHECK(what.find(expect) != std::string::npos);
+  };
+  st::plan_descriptor both;
+  both.data_parallel.enabled = true;
+  both.sharded = st::plan<st::sharded<st::zero<1>>>::descriptor().sharded;
+  refused(both, "both data_parallel and sharded");
+  st::plan_descriptor stage4 = st::plan<st::sharded<st::zero<1>>>::descriptor();
+  stage4.sharded.stage = 4;
+  refused(stage4, "zero<S> needs S = 1, 2 or 3");
+  st::plan_descriptor bf = st::plan<st::data_parallel<>>::descriptor();
+  bf.precision.kind = 1;
+  refused(bf, "the precision is the trainer's element type");
+  st::plan_descriptor none; // no strategy on a dp = 2 mesh: the mesh's own check
+  refused(none, "the mesh has dp = 2 but the plan has no data_parallel");
+}

@@ -571,9 +571,30 @@ constexpr bool check_plan() {
   return true;
 }
 
+/// A plan whose layout is chosen at run time: trainer<Model, runtime_plan<Precision>> takes a
+/// plan_descriptor at construction (a tool choosing its layout from flags). Only the precision
+/// is a type (it is the trainer's element type); the trainer checks the layout when it is
+/// built, where a plan<...> is checked by the compiler. Its own descriptor() is one rank's.
+template <class Precision = precision::fp32>
+struct runtime_plan {
+  static_assert(detail::is_precision<Precision>::value,
+                "strata: runtime_plan<Precision>: Precision is precision::fp32, bf16 or fp16");
+  static constexpr plan_descriptor descriptor() noexcept {
+    plan_descriptor d;
+    d.precision.kind = Precision::kind;
+    return d;
+  }
+};
+
 template <class T>
 struct is_plan : std::false_type {};
 template <class... Os>
 struct is_plan<plan<Os...>> : std::true_type {};
+template <class P>
+struct is_plan<runtime_plan<P>> : std::true_type {};
+template <class T>
+struct is_runtime_plan : std::false_type {};
+template <class P>
+struct is_runtime_plan<runtime_plan<P>> : std::true_type {};
 
 } // namespace strata

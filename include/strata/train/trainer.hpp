@@ -137,7 +137,66 @@ public:
         ledger_(std::make_unique<memory_ledger>(options_.label.empty()
                                                     ? "rank " + std::to_string(mesh.world().rank())
                                                     : options_.label)) {
-    constexpr plan_descriptor d = Plan::descriptor();
+    bind(mesh, Plan::descriptor());
+    init(model, std::move(optimizer));
+  }
+
+  /// On a mesh, with the layout chosen at run time (Plan is runtime_plan<Precision>): `layout`
+  /// is a plan's descriptor, typically assembled from the descriptors of compile-time plans
+  /// (plan<sharded<zero<2>>>::descriptor().sharded, ...) by a tool that reads its layout from
+  /// flags. What the compiler checks for a plan<...> is checked here, with the same
+  /// messages' content, as config_error.
+  template <comm::communicator C>
+  requires is_runtime_plan<Plan>::value trainer(comm::mesh<C>& mesh, Model const& model,
+                                                engine::optimizer_factory<master_type> optimizer,
+                                                trainer_options options, plan_descriptor layout)
+      : options_(std::move(options)),
+        ledger_(std::make_unique<memory_ledger>(options_.label.empty()
+                                                    ? "rank " + std::to_string(mesh.world().rank())
+                                                    : options_.label)) {
+    check_runtime_layout(layout);
+    layout.precision = Plan::descriptor().precision;
+    bind(mesh, layout);
+    init(model, std::move(optimizer));
+  }
+
+  ~trainer() {
+    if (ledger_)
+      ledger_->record_free(memory_kind::optimizer_state, optimizer_bytes_);
+  }
+  trainer(trainer const&) = delete;
+  trainer& operator=(trainer const&) = delete;
+
+private:
+  static void check_runtime_layout(plan_descriptor const& d) {
+    auto fail = [](std::string const& what) {
+      throw config_error("strata: runtime plan: " + what);
+    };
+    if (d.data_parallel.enabled && d.sharded.enabled)
+      fail("the layout has both data_parallel and sharded: sharded<zero<S>> is data parallel "
+           "over the same dp axis (with sharded state): keep one of them");
+    if (d.sharded.enabled && (d.sharded.stage < 1 || d.sharded.stage > 3))
+      fail("sharded stage " + std::to_string(d.sharded.stage) + ": zero<S> needs S = 1, 2 or 3");
+    if (d.micro_batches == 0)
+      fail("0 micro-batches: give at least 1");
+    if (d.pipeline.enabled && d.pipeline.chunks < 1)
+      fail("a pipeline with " + std::to_string(d.pipeline.chunks) + " chunks: give at least 1");
+    if (d.recompute.every > 0 && d.recompute.selective)
+      fail("recompute names both every<K> (or full) and selective: give one policy");
+    if (d.recompute.offload && d.recompute.every == 0)
+      fail("recompute::offload needs full or every<K> (it moves the inputs of recomputed "
+           "layers)");
+    if (d.precision.reduce_f32)
+      fail("precision::reduce<float> is a compile-time choice (the reduction type): use a "
+           "plan<...> type for it");
+    if (d.precision.kind != Plan::descriptor().precision.kind)
+      fail("the layout's precision differs from runtime_plan<Precision>'s: the precision is "
+           "the trainer's element type, chosen by the type");
+  }
+
+  template <comm::communicator C>
+  void bind(comm::mesh<C>& mesh, plan_descriptor const& d) {
+    desc_ = d;
     auto const shape = mesh.shape();
     auto axis = [&](char const* name, int size, char const* strategy) {
       if (size > 1)
@@ -157,7 +216,7 @@ public:
                          ": build the mesh with tp = " + std::to_string(n) +
                          ", or write tensor_parallel<degree<" + std::to_string(shape.tp) +
                          ">> (or tensor_parallel<> to take tp from the mesh)");
-    if constexpr (d.pipeline.enabled) {
+    if (d.pipeline.enabled) {
       int const p = shape.pp, v = d.pipeline.chunks;
       if (d.pipeline.stages != 0 && d.pipeline.stages != p)
         throw config_error("strata: the plan names stages<" + std::to_string(d.pipeline.stages) +
@@ -173,16 +232,16 @@ public:
           mesh.pp(), d.pipeline,
           options_.micro_batches ? options_.micro_batches : d.micro_batches));
     }
-    if constexpr (d.tensor_parallel.enabled) {
+    if (d.tensor_parallel.enabled) {
       auto ops = std::make_unique<nn::tp_ops_of<C>>(mesh.tp());
       tp_group_ = ops->group();
       tp_ops_ = std::move(ops);
       passes_.push_back(std::make_unique<parallel::tensor_parallel_pass<T, C>>(mesh.tp()));
     }
-    if constexpr (d.data_parallel.enabled)
+    if (d.data_parallel.enabled)
       passes_.push_back(std::make_unique<parallel::data_parallel_pass<T, C, reduce_type>>(
           mesh.dp(), d.data_parallel));
-    if constexpr (d.sharded.enabled)
+    if (d.sharded.enabled)
       passes_.push_back(
           std::make_unique<parallel::sharded_pass<T, C, reduce_type>>(mesh.dp(), d.sharded));
     if (d.precision.kind == 2 && mesh.world().size() > 1)
@@ -191,15 +250,11 @@ public:
         world.all_reduce(std::span<double>(&v, 1), comm::reduce_op::max);
         return v != 0;
       };
-    init(model, std::move(optimizer));
   }
 
-  ~trainer() {
-    if (ledger_)
-      ledger_->record_free(memory_kind::optimizer_state, optimizer_bytes_);
-  }
-  trainer(trainer const&) = delete;
-  trainer& operator=(trainer const&) = delete;
+public:
+  /// The plan's descriptor (a runtime plan's layout).
+  plan_descriptor const& layout() const noexcept { return desc_; }
 
   /// One optimizer step on this rank's batch: zero the gradients, forward, loss and backward
   /// of each micro-batch (gradients accumulate), clip, update.
@@ -368,7 +423,7 @@ private:
                          "schedule (optim::constant_schedule(3e-4) or a callable of the step)");
     if (!optimizer)
       throw config_error("strata: trainer without an optimizer: pass engine::use<...>(options)");
-    plan_descriptor const d = Plan::descriptor();
+    plan_descriptor const& d = desc_;
     micro_batches_ = options_.micro_batches ? options_.micro_batches : d.micro_batches;
     std::vector<engine::chunk_layers> chunks;
     std::function<bool(std::size_t)> keep;
@@ -478,6 +533,7 @@ private:
   };
 
   trainer_options options_;
+  plan_descriptor desc_ = Plan::descriptor();
   pipeline_info pipeline_{};
   std::vector<std::size_t> stage_first_; // the first layer of each stage (pipelines)
   std::unique_ptr<memory_ledger> ledger_;
