@@ -8,9 +8,10 @@
 //                                      plan<sharded<zero<1>>, tensor_parallel<>, 1F1B,
 //                                           precision::bf16, recompute::full> (docs/plans.md's
 //                                      worked example)
-// Reported: the median step of rank 0 (8 threads on this machine's cores, so the time says
-// little; the figures to read are memory and volume), tokens per second of the global batch,
-// the engine's communication operations' time (step_result::communication: data-parallel or
+// Under mpirun -np 8 (built with MPI): hybrid_gpt/mpi/dp2_tp2_pp2, the data-parallel layout
+// across processes. Reported: the median step of rank 0 (8 threads on this machine's cores, so the
+// time says little; the figures to read are memory and volume), tokens per second of the global
+// batch, the engine's communication operations' time (step_result::communication: data-parallel or
 // ZeRO reductions and pipeline transfers; tp's collectives block inside the layers), the
 // largest per-rank peak of each memory kind and of the total over the 8 ranks' ledgers, the
 // parameters a rank holds, and the ledger's allocations per timed step (the most of any rank).
@@ -22,16 +23,18 @@
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/schedule.hpp>
 #include <strata/train/trainer.hpp>
+#if STRATA_BENCH_MPI
+#include <strata/comm/mpi.hpp>
+#endif
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -79,9 +82,10 @@ trainer_options hy_options() {
   return {.lr = optim::constant_schedule(3e-4), .clip = 1.0, .seed = 5};
 }
 
-template <class Trainer>
-void hy_measure(Trainer& t, engine::batch_view<float> const& batch, bool rank0, std::mutex& m,
-                hy_figures& out) {
+// Warm-up and timed steps on every rank; rank 0's times, and the largest memory peaks and
+// allocations of any rank (a max all-reduce over the world: threads or processes alike).
+template <class Trainer, class C>
+void hy_measure(Trainer& t, C& world, engine::batch_view<float> const& batch, hy_figures& out) {
   for (int k = 0; k < hy_warmup; ++k)
     t.step(batch);
   std::vector<double> step, comm;
@@ -91,43 +95,56 @@ void hy_measure(Trainer& t, engine::batch_view<float> const& batch, bool rank0, 
     step.push_back(r.seconds);
     comm.push_back(r.communication);
   }
-  double const allocs = double(t.ledger().allocations() - allocs0) / hy_steps;
-  std::lock_guard lock(m);
-  if (rank0) {
-    out.step_s = median(step);
-    out.comm_s = median(comm);
-    out.parameters = t.parameter_count();
-  }
+  std::array<double, memory_kind_count + 2> most{};
   for (std::size_t k = 0; k < memory_kind_count; ++k)
-    out.peak[k] = std::max(out.peak[k], t.ledger().peak(static_cast<memory_kind>(k)));
-  out.total_peak = std::max(out.total_peak, t.ledger().peak());
-  out.allocations = std::max(out.allocations, allocs);
+    most[k] = double(t.ledger().peak(static_cast<memory_kind>(k)));
+  most[memory_kind_count] = double(t.ledger().peak());
+  most[memory_kind_count + 1] = double(t.ledger().allocations() - allocs0) / hy_steps;
+  world.all_reduce(std::span<double>(most), comm::reduce_op::max);
+  if (world.rank() != 0)
+    return;
+  out.step_s = median(step);
+  out.comm_s = median(comm);
+  out.parameters = t.parameter_count();
+  for (std::size_t k = 0; k < memory_kind_count; ++k)
+    out.peak[k] = static_cast<std::size_t>(most[k]);
+  out.total_peak = static_cast<std::size_t>(most[memory_kind_count]);
+  out.allocations = most[memory_kind_count + 1];
 }
+
+// One rank of a case: the plain trainer for a plan without strategies, else the mesh
+// dp 2 x tp 2 x pp 2 (8 ranks).
+template <class Plan, class C>
+void hy_rank(C& w, hy_inputs const& in, hy_figures& f) {
+  auto adamw = [] { return engine::use<optim::adamw<float>>({.weight_decay = 0.1}); };
+  constexpr plan_descriptor d = Plan::descriptor();
+  if constexpr (!d.data_parallel.enabled && !d.sharded.enabled && !d.pipeline.enabled &&
+                !d.tensor_parallel.enabled) {
+    trainer<models::gpt_model<float>, Plan> t(hy_gpt(), adamw(), hy_options());
+    hy_measure(t, w, in.slice(0, hy_sequences), f);
+  } else {
+    comm::mesh mesh(w, {.dp = 2, .tp = 2, .pp = 2});
+    std::size_t const per = hy_sequences / 2;
+    trainer<models::gpt_model<float>, Plan> t(mesh, hy_gpt(), adamw(), hy_options());
+    hy_measure(t, w, in.slice(static_cast<std::size_t>(mesh.coords().dp) * per, per), f);
+  }
+}
+
+void hy_report(benchmark::State& state, hy_figures const& f, int ranks);
 
 template <class Plan>
 void hy_case(benchmark::State& state, int ranks) {
   hy_figures f;
   hy_inputs const in;
-  auto adamw = [] { return engine::use<optim::adamw<float>>({.weight_decay = 0.1}); };
   for (auto _ : state) {
     f = {};
-    std::mutex m;
-    comm::local::run(ranks, [&](comm::local::communicator& w) {
-      constexpr plan_descriptor d = Plan::descriptor();
-      if constexpr (!d.data_parallel.enabled && !d.sharded.enabled && !d.pipeline.enabled &&
-                    !d.tensor_parallel.enabled) {
-        trainer<models::gpt_model<float>, Plan> t(hy_gpt(), adamw(), hy_options());
-        hy_measure(t, in.slice(0, hy_sequences), true, m, f);
-      } else {
-        comm::mesh mesh(w, {.dp = 2, .tp = 2, .pp = 2});
-        std::size_t const per = hy_sequences / 2;
-        trainer<models::gpt_model<float>, Plan> t(mesh, hy_gpt(), adamw(), hy_options());
-        hy_measure(t, in.slice(static_cast<std::size_t>(mesh.coords().dp) * per, per),
-                   w.rank() == 0, m, f);
-      }
-    });
+    comm::local::run(ranks, [&](comm::local::communicator& w) { hy_rank<Plan>(w, in, f); });
     state.SetIterationTime(f.step_s);
   }
+  hy_report(state, f, ranks);
+}
+
+void hy_report(benchmark::State& state, hy_figures const& f, int ranks) {
   auto mib = [&](memory_kind k) { return double(f.peak[static_cast<std::size_t>(k)]) / (1 << 20); };
   state.counters["ranks"] = ranks;
   state.counters["step_ms"] = f.step_s * 1e3;
@@ -144,6 +161,7 @@ void hy_case(benchmark::State& state, int ranks) {
 }
 
 using hy_pipe = pipeline_parallel<one_f_one_b, micro_batches<4>>;
+using hy_dp_plan = plan<data_parallel<>, tensor_parallel<>, hy_pipe>;
 
 // Registered before main() runs (bench/step/main.cpp registers the other modules).
 [[maybe_unused]] bool const registered = [] {
@@ -155,7 +173,7 @@ using hy_pipe = pipeline_parallel<one_f_one_b, micro_batches<4>>;
         ->Unit(benchmark::kMillisecond);
   };
   reg("one_rank", &hy_case<plan<micro_batches<4>>>, 1);
-  reg("dp2_tp2_pp2", &hy_case<plan<data_parallel<>, tensor_parallel<>, hy_pipe>>, 8);
+  reg("dp2_tp2_pp2", &hy_case<hy_dp_plan>, 8);
   reg("zero1_tp2_pp2/bf16/full",
       &hy_case<
           plan<sharded<zero<1>>, tensor_parallel<>, hy_pipe, precision::bf16, recompute::full>>,
@@ -164,5 +182,31 @@ using hy_pipe = pipeline_parallel<one_f_one_b, micro_batches<4>>;
 }();
 
 } // namespace
+
+#if STRATA_BENCH_MPI
+/// Under mpirun -np 8: the dp 2 x tp 2 x pp 2 data-parallel case across processes.
+void register_hybrid_mpi(comm::mpi::environment& e) {
+  static comm::mpi::environment* env = &e;
+  benchmark::RegisterBenchmark("hybrid_gpt/mpi/dp2_tp2_pp2",
+                               [](benchmark::State& state) {
+                                 comm::mpi::communicator world = env->world();
+                                 if (world.size() != 8) {
+                                   state.SkipWithError("needs mpirun -np 8 (dp 2 x tp 2 x pp 2)");
+                                   return;
+                                 }
+                                 hy_figures f;
+                                 hy_inputs const in;
+                                 for (auto _ : state) {
+                                   f = {};
+                                   hy_rank<hy_dp_plan>(world, in, f);
+                                   state.SetIterationTime(f.step_s > 0 ? f.step_s : 1e-9);
+                                 }
+                                 hy_report(state, f, world.size());
+                               })
+      ->Iterations(1)
+      ->UseManualTime()
+      ->Unit(benchmark::kMillisecond);
+}
+#endif
 
 } // namespace strata::bench

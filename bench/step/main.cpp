@@ -13,6 +13,7 @@ void register_ddp_local();
 void register_pipeline();
 #if STRATA_BENCH_MPI
 void register_ddp_mpi(comm::mpi::environment&);
+void register_hybrid_mpi(comm::mpi::environment&);
 #endif
 } // namespace strata::bench
 
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   if (strata::bench::under_launcher()) {
     strata::comm::mpi::environment env(argc, argv);
     strata::bench::register_ddp_mpi(env);
+    strata::bench::register_hybrid_mpi(env);
     return strata::bench::run_benchmarks(argc, argv, env.rank(),
                                          "--benchmark_filter=^ddp_mlp/mpi/");
   }
