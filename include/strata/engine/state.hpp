@@ -345,6 +345,17 @@ public:
   /// element begin being at data[0].
   void add_pieces(std::vector<piece<T>>& dst, std::size_t begin, std::size_t count,
                   T const* data) const {
+    for_each_piece(begin, count,
+                   [&](std::uint32_t param, std::size_t first, std::size_t n, std::size_t at) {
+                     dst.push_back({param, first, n, data + at});
+                   });
+  }
+
+  /// f(param, first, count, at) for each piece of the parameters that flat elements [begin,
+  /// begin + count) hold: elements [first, first + count) of parameter `param` (an index into
+  /// params), at element `at` of the range.
+  template <class F>
+  void for_each_piece(std::size_t begin, std::size_t count, F&& f) const {
     std::size_t const end = begin + count;
     for (std::size_t i = 0; i < params.size(); ++i) {
       std::size_t const b = params[i].offset, e = b + params[i].p->size();
@@ -353,7 +364,7 @@ public:
         continue;
       auto const param = static_cast<std::uint32_t>(i);
       if (!params[i].p->sharded()) {
-        dst.push_back({param, lo - b, hi - lo, data + (lo - begin)});
+        f(param, lo - b, hi - lo, lo - begin);
         continue;
       }
       // A shard of a larger tensor (tensor parallel): its runs say where its elements are in
@@ -362,7 +373,7 @@ public:
         std::size_t const rb = b + r.offset, re = rb + r.count;
         std::size_t const l2 = std::max(rb, lo), h2 = std::min(re, hi);
         if (l2 < h2)
-          dst.push_back({param, r.first + (l2 - rb), h2 - l2, data + (l2 - begin)});
+          f(param, r.first + (l2 - rb), h2 - l2, l2 - begin);
       });
     }
   }
@@ -656,13 +667,11 @@ public:
         // the 16-bit parameters.
         for (std::size_t at = 0; at < r.count; at += widened.size()) {
           std::size_t const n = std::min(widened.size(), r.count - at);
-          for (std::size_t i = 0; i < n; ++i)
-            widened[i] = element_traits<T>::to_compute(r.grads[at + i]);
           master_type* m = master.data() + r.state_offset + at;
+          convert(std::span<T const>(r.grads + at, n), std::span<master_type>(widened.data(), n));
           optimizer->step(std::span<master_type>(m, n),
                           std::span<master_type const>(widened.data(), n), c, r.state_offset + at);
-          for (std::size_t i = 0; i < n; ++i)
-            r.values[at + i] = element_traits<T>::from_compute(m[i]);
+          convert(std::span<master_type const>(m, n), std::span<T>(r.values + at, n));
         }
       }
     }
@@ -680,29 +689,14 @@ public:
       widened.assign(std::size_t{4096}, master_type{});
       for (auto const& r : owned) {
         master_type* m = master.data() + r.state_offset;
-        for (std::size_t i = 0; i < r.count; ++i) // padding: its (zero) values
-          m[i] = element_traits<T>::to_compute(r.values[i]);
-        std::size_t const end = r.flat + r.count;
-        for (auto const& e : params) {
-          std::size_t const b = e.offset, lo = std::max(b, r.flat),
-                            hi = std::min(b + e.p->size(), end);
-          if (lo >= hi)
-            continue;
-          auto fill = [&](std::size_t at, std::size_t count, std::size_t first) {
-            nn::init_values(std::span<master_type>(m + (at - r.flat), count), e.p->name(),
-                            e.p->rule(), seed, first);
-          };
-          if (!e.p->sharded()) {
-            fill(lo, hi - lo, lo - b);
-            continue;
-          }
-          e.p->for_each_run([&](nn::shard_run const& run) {
-            std::size_t const rb = b + run.offset, l2 = std::max(rb, lo),
-                              h2 = std::min(rb + run.count, hi);
-            if (l2 < h2)
-              fill(l2, h2 - l2, run.first + (l2 - rb));
-          });
-        }
+        convert(std::span<T const>(r.values, r.count), std::span<master_type>(m, r.count));
+        for_each_piece(
+            r.flat, r.count, // the parameters' elements; padding keeps its zeros
+            [&](std::uint32_t param, std::size_t first, std::size_t count, std::size_t at) {
+              auto const* p = params[param].p;
+              nn::init_values(std::span<master_type>(m + at, count), p->name(), p->rule(), seed,
+                              first);
+            });
       }
     }
   }

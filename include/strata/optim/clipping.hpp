@@ -1,8 +1,8 @@
 // Global-norm gradient clipping: the local sum of squares, and the factor from a global one.
 #pragma once
 
+#include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
-#include <strata/core/float16.hpp>
 #include <strata/optim/detail/number_text.hpp>
 
 #include <algorithm>
@@ -10,19 +10,10 @@
 #include <cstddef>
 #include <span>
 #include <string>
-#include <type_traits>
 
 namespace strata::optim {
 
 namespace detail {
-
-template <class T>
-double widen(T v) noexcept {
-  if constexpr (std::is_same_v<T, double> || std::is_same_v<T, float>)
-    return static_cast<double>(v);
-  else
-    return static_cast<double>(static_cast<float>(v)); // f16, bf16: exact through f32
-}
 
 // Four partial sums in a fixed pattern (element i goes to sum i % 4, combined as
 // (s0 + s1) + (s2 + s3)): the same input gives the same bits, and the loop is not bound by
@@ -34,11 +25,11 @@ double sum_of_squares(std::span<T const> x) noexcept {
   std::size_t i = 0;
   for (; i + 4 <= n; i += 4)
     for (std::size_t k = 0; k < 4; ++k) {
-      double const v = widen(x[i + k]);
+      double const v = element_cast<double>(x[i + k]);
       s[k] += v * v;
     }
   for (std::size_t k = 0; i < n; ++i, ++k) {
-    double const v = widen(x[i]);
+    double const v = element_cast<double>(x[i]);
     s[k] += v * v;
   }
   return (s[0] + s[1]) + (s[2] + s[3]);

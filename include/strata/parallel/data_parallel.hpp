@@ -205,11 +205,9 @@ public:
         if (b.end > loss_slot_) // the last bucket carries the loss
           s.grads.data()[loss_slot_] = static_cast<T>(s.loss_sum);
       if constexpr (widen) {
-        R* const w = wide_.data();
-        for (std::size_t i = b.begin; i < b.end; ++i)
-          w[i] = static_cast<R>(element_traits<T>::to_compute(s.grads.data()[i]));
-        requests_[o.arg] =
-            dp_->all_reduce_async(std::span<R>(w + b.begin, b.end - b.begin), comm::reduce_op::avg);
+        std::span<R> const w(wide_.data() + b.begin, b.end - b.begin);
+        convert(std::span<T const>(s.grads.data() + b.begin, w.size()), w);
+        requests_[o.arg] = dp_->all_reduce_async(w, comm::reduce_op::avg);
       } else {
         requests_[o.arg] = dp_->all_reduce_async(
             std::span<T>(s.grads.data() + b.begin, b.end - b.begin), comm::reduce_op::avg);
@@ -224,9 +222,8 @@ public:
         }
       if constexpr (widen) // the f32 averages, rounded once
         for (auto const& b : buckets_)
-          for (std::size_t i = b.begin; i < b.end; ++i)
-            s.grads.data()[i] =
-                element_traits<T>::from_compute(static_cast<compute_t<T>>(wide_.data()[i]));
+          convert(std::span<R const>(wide_.data() + b.begin, b.end - b.begin),
+                  std::span<T>(s.grads.data() + b.begin, b.end - b.begin));
       if constexpr (carries_loss) {
         s.loss_sum = static_cast<double>(s.grads.data()[loss_slot_]);
         s.grads.data()[loss_slot_] = T(0);

@@ -90,15 +90,6 @@ std::vector<std::int32_t> shard_segments(engine::state<T> const& s,
   return seg;
 }
 
-// A reduced value (T itself, or f32) in T's compute type.
-template <class V>
-auto to_f32(V v) noexcept {
-  if constexpr (std::is_same_v<V, float> || std::is_same_v<V, double>)
-    return v;
-  else
-    return element_traits<V>::to_compute(v);
-}
-
 template <class T>
 void fill_nan(T* p, std::size_t n) noexcept {
   T const nan = element_traits<T>::from_compute(std::numeric_limits<compute_t<T>>::quiet_NaN());
@@ -371,7 +362,8 @@ public:
       if (d_.stage == 1) {
         if constexpr (widen) {
           R* const w = wide_flat_.data();
-          widen_into(s.grads.data() + sg.begin, w + sg.begin, sg.size);
+          convert(std::span<T const>(s.grads.data() + sg.begin, sg.size),
+                  std::span<R>(w + sg.begin, sg.size));
           seg_requests_[g] =
               dp_->reduce_scatter_async(std::span<R const>(w + sg.begin, sg.size),
                                         std::span<R>(w + v.begin, v.count), comm::reduce_op::avg);
@@ -384,7 +376,8 @@ public:
       }
       R const* send = nullptr;
       if constexpr (widen) {
-        widen_into(staging_[o.slot].data(), wide_[o.slot].data(), sg.size);
+        convert(std::span<T const>(staging_[o.slot].data(), sg.size),
+                std::span<R>(wide_[o.slot].data(), sg.size));
         send = wide_[o.slot].data();
       } else {
         send = staging_[o.slot].data();
@@ -404,9 +397,8 @@ public:
           }
         if constexpr (widen) // the reduced f32 slices, rounded once into the 16-bit shard
           for (auto const& v : segs_)
-            for (std::size_t i = 0; i < v.count; ++i)
-              s.grads.data()[v.begin + i] = element_traits<T>::from_compute(
-                  static_cast<compute_t<T>>(wide_flat_.data()[v.begin + i]));
+            convert(std::span<R const>(wide_flat_.data() + v.begin, v.count),
+                    std::span<T>(s.grads.data() + v.begin, v.count));
         if constexpr (STRATA_POISON_UNOWNED)
           poison_unowned_grads(s);
       } else {
@@ -526,18 +518,13 @@ private:
       if constexpr (std::is_same_v<T, compute_t<T>>)
         dst[i] += src[i];
       else // 16-bit gradients: add in f32, round once
-        dst[i] = element_traits<T>::from_compute(element_traits<T>::to_compute(dst[i]) +
-                                                 detail::to_f32(src[i]));
+        dst[i] = element_cast<T>(element_cast<compute_t<T>>(dst[i]) +
+                                 element_cast<compute_t<T>>(src[i]));
     }
     if constexpr (STRATA_POISON_UNOWNED) {
       detail::fill_nan(staging_[k].data(), state_->segments[rs_segment_[k]].size);
       detail::fill_nan(reduced_[k].data(), v.count);
     }
-  }
-
-  static void widen_into(T const* from, R* to, std::size_t n) noexcept {
-    for (std::size_t i = 0; i < n; ++i)
-      to[i] = static_cast<R>(element_traits<T>::to_compute(from[i]));
   }
 
   void poison_unowned_grads(engine::state<T>& s) noexcept {
