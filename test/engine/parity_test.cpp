@@ -29,14 +29,15 @@ TEMPLATE_TEST_CASE("accumulating micro-batches trains like the full batch (GPT)"
                    "[engine][parity]", float, double) {
   st::models::gpt_model<TestType> g{
       {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 2}};
-  for (auto opt : {parity_optimizer::sgd, parity_optimizer::adamw}) {
-    INFO((opt == parity_optimizer::sgd ? "sgd" : "adamw"));
+  // AdamW in f64 only (st::test::gpt_parity_optimizer says why).
+  auto const opt = st::test::gpt_parity_optimizer<TestType>;
+  st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<2>>>(
+      g, {.sequences = 4, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 1e-2}));
+  if (opt != parity_optimizer::sgd)
     st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<2>>>(
         g, {.sequences = 4, .seq = 8, .optimizer = opt, .lr = 1e-2}));
-  }
   st::test::require_ok(st::test::check_parity<st::plan<st::micro_batches<4>>>(
-      g,
-      {.sequences = 4, .seq = 8, .optimizer = parity_optimizer::adamw, .lr = 1e-2, .clip = 0.1}));
+      g, {.sequences = 4, .seq = 8, .optimizer = opt, .lr = 1e-2, .clip = 0.1}));
 }
 
 TEST_CASE("the harness catches an update scaled by a constant", "[engine][parity]") {

@@ -51,11 +51,16 @@ TEMPLATE_TEST_CASE("data parallel trains like one rank (GPT)", "[parallel][ddp][
                    double) {
   st::models::gpt_model<TestType> g{
       {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 2}};
-  st::test::require_ok(st::test::check_parity<ddp>(2, g, {.sequences = 4, .seq = 8, .lr = 1e-2}));
+  st::test::require_ok(st::test::check_parity<ddp>(
+      2, g, {.sequences = 4, .seq = 8, .optimizer = st::test::gpt_parity_optimizer<TestType>}));
   st::test::require_ok(st::test::check_parity<ddp_acc2>(
       3, g, {.sequences = 6, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
   st::test::require_ok(
-      st::test::check_parity<ddp>(4, g, {.sequences = 8, .seq = 8, .lr = 1e-2, .clip = 0.1}));
+      st::test::check_parity<ddp>(4, g,
+                                  {.sequences = 8,
+                                   .seq = 8,
+                                   .optimizer = st::test::gpt_parity_optimizer<TestType>,
+                                   .clip = 0.1}));
   // Dropout on: each rank and micro-batch draws its rows of one device's masks (the masks key
   // on the row's place in the global batch).
   auto drop = g;

@@ -81,8 +81,9 @@ TEMPLATE_TEST_CASE("the GPT, written once, trains like one rank for any tp",
   auto const sgd = parity_optimizer::sgd;
   for (int n : {2, 4}) {
     INFO("tp " << n);
-    st::test::require_ok(
-        st::test::check_parity<tp>(n, g, {.sequences = 4, .seq = 8, .lr = 1e-2}, {.tp = n}));
+    st::test::require_ok(st::test::check_parity<tp>(
+        n, g, {.sequences = 4, .seq = 8, .optimizer = st::test::gpt_parity_optimizer<TestType>},
+        {.tp = n}));
   }
   st::test::require_ok(st::test::check_parity<tp>(
       3, g3, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.tp = 3}));
@@ -103,8 +104,9 @@ TEMPLATE_TEST_CASE("the GPT with sequence parallel trains like one rank",
   auto const sgd = parity_optimizer::sgd;
   for (int n : {2, 4}) {
     INFO("tp " << n);
-    st::test::require_ok(
-        st::test::check_parity<tp>(n, g, {.sequences = 4, .seq = 8, .lr = 1e-2}, {.tp = n}));
+    st::test::require_ok(st::test::check_parity<tp>(
+        n, g, {.sequences = 4, .seq = 8, .optimizer = st::test::gpt_parity_optimizer<TestType>},
+        {.tp = n}));
   }
   // tp 3 on rows that divide by 3 (3 sequences of 6 tokens).
   st::models::gpt_model<TestType> g3{
