@@ -17,7 +17,10 @@ if(NOT CMAKE_CXX_COMPILER_ID MATCHES "^(GNU|Clang)$")
                       "${CMAKE_CXX_COMPILER_ID})")
 endif()
 
-set(strata_sanitize_flags -fsanitize=${STRATA_SANITIZE} -fno-omit-frame-pointer -g)
+# -g1 (line tables, no variables; it overrides the build type's -g): reports still name file and
+# line, and the heaviest test files compile 28% faster under TSan (84 s against 60 s) and 7%
+# under ASan at -O0.
+set(strata_sanitize_flags -fsanitize=${STRATA_SANITIZE} -fno-omit-frame-pointer -g1)
 if(STRATA_SANITIZE MATCHES "undefined")
   # A UB report must fail the test, not scroll past it.
   list(APPEND strata_sanitize_flags -fno-sanitize-recover=all)
