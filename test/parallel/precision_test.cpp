@@ -40,8 +40,8 @@ constexpr int steps = 20;
 
 // Trains Plan on this rank's slice of one global batch until `steps` steps were applied and
 // returns their losses (the mean over the data-parallel ranks, as every rank reports it).
-// fp16 under the default scaler (initial scale 2^16) may overflow by itself in its first steps
-// and skip them, as it should: the losses compared are those of applied steps.
+// fp16 under the default scaler (initial scale 2^16) may overflow by itself and skip a step, as
+// it should: the losses compared are those of applied steps.
 template <class Plan, class Mesh>
 std::vector<double> losses(Mesh* mesh, std::uint64_t seed) {
   auto const g = model();
