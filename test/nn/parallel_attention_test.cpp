@@ -397,6 +397,7 @@ void block_sp_accumulation_case(int tp, double p) {
         nn::parallel_transformer_block<double>::saved_type ps;
         nn::layer_context first = ctx, last = ctx;
         first.last_micro_batch = false;
+        first.grads_complete = false; // the layer norms reduce after the second
         last.micro_batch = 1;
         nn::zero_grad(par);
         par.forward(first, {xl.data(), {lr, d}}, {y.data(), {lr, d}}, ps);
@@ -485,6 +486,7 @@ void layer_norm_sp_case(int tp) {
         // Not the last: this rank's rows' partial sums, bit for bit (layer_norm on its rows).
         nn::layer_context first = ctx, last = ctx;
         first.last_micro_batch = false;
+        first.grads_complete = false; // the layer norms reduce after the second
         last.micro_batch = 1;
         nn::zero_grad(par);
         step(first);

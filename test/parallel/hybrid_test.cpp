@@ -8,6 +8,7 @@
 #include <strata/comm/mesh.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/optim/adamw.hpp>
+#include <strata/optim/sgd.hpp>
 #include <strata/train/trainer.hpp>
 
 #include "../support/parity.hpp"
@@ -95,7 +96,138 @@ std::vector<std::vector<double>> losses_8(std::uint64_t seed, int steps) {
   return out;
 }
 
+// The sequence-parallel dimension of the matrix (issue 17): the GPT with its layer norms,
+// dropouts and residuals split over the tp group's rows. The layer norms' gradients are
+// partial sums over tp that each layer reduces in the backwards after which the engine takes
+// the gradients away: once a step when they accumulate in place, every micro-batch when ZeRO
+// 2/3 stage them (the bug this dimension was added for: only the last micro-batch's was
+// reduced under ZeRO-2/3).
+st::models::gpt_model<float> const gpt_sp{
+    {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 4, .sequence_parallel = true}};
+
+std::string mb_name(std::size_t m) {
+  return m == 0 ? "the plan's micro-batches" : std::to_string(m) + " micro-batches";
+}
+
+// Strategy x tp 2 with and without sequence parallel x pp {1, 2} (1F1B, interleaved) x
+// micro-batches {1, >= 2}, f32 SGD with clipping active. The lines without sequence parallel
+// and >= 2 micro-batches are matrix<Strategy>'s; the ones here add what it lacks.
+template <class Strategy>
+void sp_matrix(std::string const& strategy) {
+  using flat = st::plan<Strategy, st::tensor_parallel<>, st::micro_batches<2>>;
+  using one_f_one_b = st::plan<Strategy, st::tensor_parallel<>, pipe_1f1b>;
+  using interleaved = st::plan<pipe_interleaved, st::tensor_parallel<>, Strategy>;
+  st::comm::mesh_shape const flat_shape{.dp = 2, .tp = 2}, pipe_shape{.dp = 2, .tp = 2, .pp = 2};
+  auto with = [](std::size_t m) {
+    auto o = options;
+    o.micro_batches = m;
+    return o;
+  };
+  for (bool sp : {false, true}) {
+    auto const& g = sp ? gpt_sp : gpt;
+    std::string const what = strategy + (sp ? ", sequence parallel" : ", no sequence parallel");
+    for (std::size_t m : {std::size_t{1}, std::size_t{2}}) {
+      if (!sp && m != 1)
+        continue; // matrix<Strategy> runs it
+      INFO(what << ", " << name(flat_shape) << ", " << mb_name(m));
+      st::test::require_ok(st::test::check_parity<flat>(4, g, with(m), flat_shape));
+    }
+    for (std::size_t m : {std::size_t{1}, std::size_t{4}}) {
+      if (!sp && m != 1)
+        continue;
+      INFO(what << ", " << name(pipe_shape) << ", 1F1B, " << mb_name(m));
+      st::test::require_ok(st::test::check_parity<one_f_one_b>(8, g, with(m), pipe_shape));
+    }
+    if (sp) { // interleaving needs a multiple of the stages: 2 and 4
+      for (std::size_t m : {std::size_t{2}, std::size_t{4}}) {
+        INFO(what << ", " << name(pipe_shape) << ", interleaved 1F1B, " << mb_name(m));
+        st::test::require_ok(st::test::check_parity<interleaved>(8, g, with(m), pipe_shape));
+      }
+    }
+  }
+}
+
+// f64 AdamW on the sequence-parallel GPT: DESIGN.md's f64 tolerances (1e-12 losses, 1e-9
+// parameters), which rounding cannot reach, so any mis-weighted micro-batch shows.
+template <class Strategy>
+void sp_f64_adamw(std::string const& strategy) {
+  auto const g = gpt_sp.rebind<double>();
+  st::test::parity_options o{
+      .sequences = 16, .seq = 8, .optimizer = parity_optimizer::adamw, .lr = 1e-2};
+  using flat = st::plan<Strategy, st::tensor_parallel<>, st::micro_batches<2>>;
+  using one_f_one_b = st::plan<Strategy, st::tensor_parallel<>, pipe_1f1b>;
+  {
+    INFO(strategy << ", f64 AdamW, sequence parallel, dp 2 x tp 2, 2 micro-batches");
+    st::test::require_ok(st::test::check_parity<flat>(4, g, o, {.dp = 2, .tp = 2}));
+  }
+  {
+    INFO(strategy << ", f64 AdamW, sequence parallel, dp 2 x tp 2 x pp 2, 1F1B, 4 micro-batches");
+    st::test::require_ok(st::test::check_parity<one_f_one_b>(8, g, o, {.dp = 2, .tp = 2, .pp = 2}));
+  }
+}
+
+// Recompute (full and selective) on the sequence-parallel lines: the same bits as none, on
+// dp 2 x tp 2 x pp 2 with 1F1B and 4 micro-batches, SGD with clipping.
+template <class Strategy>
+void sp_recompute(std::string const& strategy) {
+  std::uint64_t const seed = st::test::seed();
+  auto run = [&]<class Plan>(Plan*) {
+    std::vector<std::vector<float>> out(8);
+    st::comm::local::run(8, [&](st::comm::local::communicator& world) {
+      st::comm::mesh mesh(world, {.dp = 2, .tp = 2, .pp = 2});
+      auto const data = st::test::make_parity_data(gpt_sp, options, seed);
+      auto const d = static_cast<std::size_t>(mesh.coords().dp);
+      auto const batch = data.slice(d * 8, 8, 8, 0);
+      st::trainer<st::models::gpt_model<float>, Plan> t(
+          mesh, gpt_sp, st::engine::use<st::optim::sgd<float>>({.momentum = 0.9}),
+          {.lr = st::test::constant_lr(5e-2), .clip = 0.05, .seed = seed});
+      auto& mine = out[static_cast<std::size_t>(world.rank())];
+      for (int k = 0; k < 3; ++k)
+        mine.push_back(static_cast<float>(t.step(batch).loss));
+      t.for_each_value_piece([&](auto const&, std::size_t, std::span<float const> v) {
+        mine.insert(mine.end(), v.begin(), v.end());
+      });
+    });
+    return out;
+  };
+  using base = st::plan<Strategy, st::tensor_parallel<>, pipe_1f1b>;
+  auto const none = run((base*)nullptr);
+  auto const full =
+      run((st::plan<Strategy, st::tensor_parallel<>, pipe_1f1b, st::recompute::full>*)nullptr);
+  auto const selective =
+      run((st::plan<Strategy, st::tensor_parallel<>, pipe_1f1b, st::recompute::selective>*)nullptr);
+  for (std::size_t r = 0; r < 8; ++r) {
+    INFO(strategy << ", rank " << r << ", seed " << seed);
+    CHECK(full[r] == none[r]);
+    CHECK(selective[r] == none[r]);
+  }
+}
+
 } // namespace
+
+TEST_CASE("hybrid parity: sequence parallel x every strategy x pp x micro-batches",
+          "[parallel][hybrid][sp]") {
+  sp_matrix<st::data_parallel<>>("data parallel");
+  sp_matrix<st::sharded<st::zero<1>>>("zero<1>");
+  sp_matrix<st::sharded<st::zero<2>>>("zero<2>");
+  sp_matrix<st::sharded<st::zero<3>>>("zero<3>");
+}
+
+TEST_CASE("hybrid parity: f64 AdamW on the sequence-parallel GPT under every strategy",
+          "[parallel][hybrid][sp]") {
+  sp_f64_adamw<st::data_parallel<>>("data parallel");
+  sp_f64_adamw<st::sharded<st::zero<1>>>("zero<1>");
+  sp_f64_adamw<st::sharded<st::zero<2>>>("zero<2>");
+  sp_f64_adamw<st::sharded<st::zero<3>>>("zero<3>");
+}
+
+TEST_CASE("recompute full and selective are bit for bit none on the sequence-parallel lines",
+          "[parallel][hybrid][sp]") {
+  sp_recompute<st::data_parallel<>>("data parallel");
+  sp_recompute<st::sharded<st::zero<1>>>("zero<1>");
+  sp_recompute<st::sharded<st::zero<2>>>("zero<2>");
+  sp_recompute<st::sharded<st::zero<3>>>("zero<3>");
+}
 
 TEST_CASE("hybrid parity: data parallel x tp x pp on 4 and 8 ranks", "[parallel][hybrid]") {
   matrix<st::data_parallel<>>("data parallel");

@@ -41,6 +41,12 @@ enum op_flags : std::uint8_t {
   recomputing = 1u << 2,       // a forward that re-runs one whose saved state was dropped
   chunk_begin = 1u << 3,       // the first layer of its chunk on this rank
   chunk_end = 1u << 4,         // the last layer of its chunk on this rank
+  grads_complete = 1u << 5,    // a backward after which the engine takes the layer's
+                               // gradient buffers away (reduces, stages or drops them): the
+                               // last micro-batch when gradients accumulate in place, every
+                               // micro-batch under a strategy that stages them (ZeRO-2/3).
+                               // A layer's deferred gradient reduction (sequence parallel's
+                               // over tp) runs in exactly these backwards.
 };
 
 /// The id of the engine itself as the owner of an operation.
@@ -64,6 +70,7 @@ struct op {
   constexpr bool first() const noexcept { return has(first_micro_batch); }
   constexpr bool last() const noexcept { return has(last_micro_batch); }
   constexpr bool recompute() const noexcept { return has(recomputing); }
+  constexpr bool completes_grads() const noexcept { return has(grads_complete); }
 };
 
 /// An operation a pass inserts: its code, its owner (the pass's id) and the owner's argument.

@@ -139,6 +139,10 @@ public:
           o.code = op_code::backward;
           o.layer = l;
           o.flags |= (l == c.first ? chunk_begin : 0) | (l == c.last ? chunk_end : 0);
+          // Gradients accumulate in place over the micro-batches: complete on the last one
+          // (a strategy that takes them every micro-batch sets the flag on every backward).
+          if (o.last())
+            o.flags |= grads_complete;
           p.ops.push_back(o);
         }
         used[static_cast<std::size_t>(slot)] = false;
@@ -200,6 +204,8 @@ public:
         s += " last";
       if (o.recompute())
         s += " recompute";
+      if (o.completes_grads())
+        s += " grads";
       if (o.owner != engine_owner)
         s += "  [" + (owner_name ? owner_name(o.owner) : std::to_string(o.owner)) + "]";
       s += '\n';

@@ -512,6 +512,7 @@ public:
     c.training = training;
     c.recompute = o.recompute();
     c.last_micro_batch = o.last();
+    c.grads_complete = o.completes_grads();
     c.tp = tp;
     c.recompute_attention = recompute_attention && training;
     c.scratch = &scratch;

@@ -104,9 +104,14 @@ struct layer_context {
   std::uint64_t seed = 0;       // the run's seed (dropout keys on it)
   bool training = true;         // dropout is the identity when false
   bool recompute = false;       // this forward re-runs one whose saved state was dropped
-  bool last_micro_batch = true; // the step's last micro-batch: in its backward, sequence-
-                                // parallel layers reduce their replicated parameters'
-                                // (accumulated) gradients over the tp group
+  bool last_micro_batch = true; // the step's last micro-batch
+  bool grads_complete = true;   // in this backward, the layer's gradient buffers are complete:
+                                // the engine takes them away after it (the last micro-batch
+                                // when gradients accumulate in place; every micro-batch when
+                                // a strategy stages them, as ZeRO-2/3). A layer that defers a
+                                // reduction of its gradients (sequence parallel's layer norm
+                                // over tp) runs it here, over everything accumulated since
+                                // the last such backward.
   tp_group const* tp = nullptr; // null: tp = 1
   // Selective recompute (Megatron's): attention keeps q, k, v but not its probabilities,
   // which it re-creates in backward in `scratch` (shared by the rank's layers).

@@ -22,10 +22,13 @@ namespace strata::nn {
 
 /// layer_norm on this rank's rows under sequence parallel: input and output hold 1/tp of the
 /// micro-batch's rows (input_row_split() = output_row_split() = tp). The weight and bias are
-/// replicated; each rank's gradients cover its rows only, so in the backward of the step's
-/// last micro-batch (layer_context::last_micro_batch) the accumulated gradients are all-
-/// reduced over the group — once a step, in one collective of 2 x features, as Megatron
-/// reduces its sequence-parallel parameters' gradients once before the optimizer. Without
+/// replicated; each rank's gradients cover its rows only, so in each backward after which the
+/// engine takes the gradient buffers away (layer_context::grads_complete) the gradients
+/// accumulated since the last such backward are all-reduced over the group, in one collective
+/// of 2 x features: once a step when gradients accumulate in place (no strategy, data
+/// parallel, ZeRO-1: Megatron reduces its sequence-parallel gradients once before the
+/// optimizer), once a micro-batch when a strategy stages them per micro-batch (ZeRO-2/3),
+/// whose staging buffers the engine zeroes before and reduce-scatters after each. Without
 /// sequence parallel (or tp = 1) it is layer_norm, bit for bit. The same parameter names as
 /// layer_norm ("<name>.weight", "<name>.bias").
 template <floating_element T, floating_element C = compute_t<T>>
@@ -58,7 +61,7 @@ public:
   void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
     ln_.backward(ctx, x, s, dy, dx);
-    if (split_ == 1 || !ctx.last_micro_batch)
+    if (split_ == 1 || !ctx.grads_complete)
       return;
     tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, ln_.name());
     // weight and bias gradients, packed into one all-reduce

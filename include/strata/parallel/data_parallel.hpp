@@ -10,6 +10,7 @@
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
+#include <strata/parallel/batch_check.hpp>
 #include <strata/parallel/plan.hpp>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -141,10 +143,11 @@ public:
   std::vector<bucket> const& buckets() const noexcept { return buckets_; }
   C& group() noexcept { return *dp_; }
 
-  /// One extra element after the parameters carries the step's loss in the last bucket, so
-  /// averaging the loss over the replicas costs no collective of its own.
+  /// Extra elements after the parameters carry the step's loss and this rank's sequence
+  /// count (detail::count_code) in the last bucket, so averaging the loss over the replicas
+  /// and refusing replicas fed batches of different sizes cost no collective of their own.
   void configure(engine::state<T>& s) override {
-    s.tail = std::max<std::size_t>(s.tail, 1);
+    s.tail = std::max(s.tail, tail_size());
     s.data_rank = static_cast<std::size_t>(dp_->rank());
   }
 
@@ -152,7 +155,7 @@ public:
     detail::check_replicas(*dp_, s, "data_parallel");
     if (dp_->size() > 1)
       dp_->broadcast(std::span<T>(s.values.data(), s.tail_begin), 0);
-    buckets_ = make_buckets(s, d_.first_bucket_bytes, d_.bucket_bytes, 1);
+    buckets_ = make_buckets(s, d_.first_bucket_bytes, d_.bucket_bytes, tail_size());
     if constexpr (widen)
       wide_ = buffer<R>(s.flat_size, memory_kind::communication, default_ledger());
     requests_.assign(buckets_.size(), std::nullopt);
@@ -202,8 +205,10 @@ public:
     if (o.code == engine::op_code::collective) {
       bucket const& b = buckets_[o.arg];
       if constexpr (carries_loss)
-        if (b.end > loss_slot_) // the last bucket carries the loss
+        if (b.end > loss_slot_) { // the last bucket carries the loss and the count
           s.grads.data()[loss_slot_] = static_cast<T>(s.loss_sum);
+          code_.write(s.batch.sequences, s.grads.data() + loss_slot_ + 1);
+        }
       if constexpr (widen) {
         std::span<R> const w(wide_.data() + b.begin, b.end - b.begin);
         convert(std::span<T const>(s.grads.data() + b.begin, w.size()), w);
@@ -224,14 +229,22 @@ public:
         for (auto const& b : buckets_)
           convert(std::span<R const>(wide_.data() + b.begin, b.end - b.begin),
                   std::span<T>(s.grads.data() + b.begin, b.end - b.begin));
+      bool agrees = true;
       if constexpr (carries_loss) {
-        s.loss_sum = static_cast<double>(s.grads.data()[loss_slot_]);
-        s.grads.data()[loss_slot_] = T(0);
-      } else { // a 16-bit slot would round the loss: average it in double
-        double l = s.loss_sum;
-        dp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::avg);
-        s.loss_sum = l;
+        T* const tail = s.grads.data() + loss_slot_;
+        s.loss_sum = static_cast<double>(tail[0]);
+        agrees = code_.agrees(tail + 1);
+        std::fill(tail, tail + 1 + code_.slots(), T(0));
+      } else { // a 16-bit slot would round the loss: average it (and the count) in double
+        double* const v = loss_count_.data();
+        v[0] = s.loss_sum;
+        wide_code_.write(s.batch.sequences, v + 1);
+        dp_->all_reduce(std::span<double>(loss_count_), comm::reduce_op::avg);
+        s.loss_sum = v[0];
+        agrees = wide_code_.agrees(v + 1);
       }
+      if (!agrees)
+        detail::refuse_uneven_batches(*dp_, s.batch.sequences, "data_parallel");
       return;
     }
     if (o.code == engine::op_code::custom && o.arg == arg_divergence) {
@@ -279,8 +292,14 @@ private:
   std::vector<std::int64_t> hashes_;
   std::size_t loss_slot_ = 0;
   buffer<R> wide_; // R != T: the f32 gradients being reduced
-  // f32 and f64 gradients carry the loss in their last bucket; 16-bit ones would round it.
+  // f32 and f64 gradients carry the loss and the count in their last bucket; 16-bit ones
+  // would round them: they go in one all-reduce of doubles.
   static constexpr bool carries_loss = sizeof(T) >= 4;
+  using code_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  detail::count_code<code_type> code_{dp_->size()};
+  detail::count_code<double> wide_code_{dp_->size()};
+  std::size_t tail_size() const noexcept { return carries_loss ? 1 + code_.slots() : 1; }
+  std::vector<double> loss_count_ = std::vector<double>(1 + wide_code_.slots());
 };
 
 } // namespace strata::parallel

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -137,6 +138,8 @@ public:
     }
     auto const& groups = s.training ? train_groups_ : eval_groups_;
     transfer_group const& g = groups[o.arg];
+    if (!g.headers.empty())
+      check_counts(g, s);
     scratch_.clear();
     for (transfer const& t : g.ops) {
       engine::chunk_layers const& c = s.chunks[t.chunk];
@@ -170,7 +173,39 @@ private:
   };
   struct transfer_group {
     std::vector<transfer> ops;
+    // Sequence-count headers exchanged before this group: with each neighbour, ahead of the
+    // step's first forward transfer to or from it (send = to the peer).
+    std::vector<transfer> headers;
   };
+
+  // Stages of one replica must run batches of one size: a stage fed another batch would send
+  // activations of another shape. Each stage sends its sequence count to a neighbour just
+  // before its first forward transfer to it in the step (one 8-byte message each way per
+  // stage boundary and step, no collective); the receiver compares it with its own and
+  // refuses the step naming both stages and counts, before any parameter changes.
+  void check_counts(transfer_group const& g, engine::state<T> const& s) {
+    header_out_ = static_cast<std::int64_t>(s.batch.sequences);
+    header_in_.resize(g.headers.size());
+    scratch_.clear();
+    for (std::size_t i = 0; i < g.headers.size(); ++i) {
+      transfer const& h = g.headers[i];
+      if (h.send)
+        scratch_.push_back(comm::p2p::send(std::span<std::int64_t const>(&header_out_, 1), h.peer));
+      else
+        scratch_.push_back(comm::p2p::recv(std::span<std::int64_t>(&header_in_[i], 1), h.peer));
+    }
+    pp_->group(std::span<comm::p2p const>(scratch_));
+    for (std::size_t i = 0; i < g.headers.size(); ++i)
+      if (!g.headers[i].send && header_in_[i] != header_out_)
+        throw config_error(
+            "strata: pipeline_parallel: the stages of one replica were fed different batches: "
+            "stage " +
+            std::to_string(g.headers[i].peer) + " runs " + std::to_string(header_in_[i]) +
+            " sequences this step, stage " + std::to_string(pp_->rank()) + " runs " +
+            std::to_string(header_out_) +
+            "; every stage of a replica (the ranks of one dp coordinate) must be given the "
+            "same batch (the first stage reads its tokens, the last its targets)");
+  }
 
   // Before the first engine operation of each action, a `send` operation for the action's
   // group; after the last, one for the final group. Slots come from the program's forwards.
@@ -193,6 +228,12 @@ private:
     for (auto const& a : row.actions)
       groups.push_back(convert(a.group));
     groups.push_back(convert(row.final_group));
+    // The count headers: before the first forward transfer with each peer, in each direction.
+    std::set<std::pair<int, bool>> seen;
+    for (auto& g : groups)
+      for (transfer const& x : g.ops)
+        if (!x.grad && seen.insert({x.peer, x.send}).second)
+          g.headers.push_back({x.send, false, 0, 0, x.peer});
     std::size_t next = 0; // the action whose first operation comes next
     auto group_op = [&](std::size_t k, op const* at) {
       op g = engine::pass_op(op_code::send, id, static_cast<std::uint32_t>(k));
@@ -235,6 +276,8 @@ private:
   schedule_table table_, eval_table_;
   std::vector<transfer_group> train_groups_, eval_groups_;
   std::vector<comm::p2p> scratch_;
+  std::int64_t header_out_ = 0;
+  std::vector<std::int64_t> header_in_;
 };
 
 } // namespace strata::parallel

@@ -14,6 +14,7 @@
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
 #include <strata/nn/parameter.hpp>
+#include <strata/parallel/batch_check.hpp>
 #include <strata/parallel/data_parallel.hpp>
 #include <strata/parallel/plan.hpp>
 
@@ -297,6 +298,12 @@ public:
       }
     }
     if (d_.stage > 1) {
+      // Gradients are staged per micro-batch and taken away after each segment's backward:
+      // every backward completes its layer's gradients (a layer's deferred reduction, as
+      // sequence parallel's over tp, must see each micro-batch before its staging goes).
+      for (op& o : p.ops)
+        if (is_engine(o, op_code::backward))
+          o.flags |= engine::grads_complete;
       // Brackets: runs of backward operations of one segment and micro-batch. Each gets a
       // staging slot (alternating); prepared before its first operation, reduced after its
       // last.
@@ -407,9 +414,15 @@ public:
       }
       return;
     case k_loss: {
-      double l = s.loss_sum;
-      dp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::avg);
-      s.loss_sum = l;
+      // The loss averaged over the dp group, with this rank's sequence count riding along:
+      // replicas fed batches of different sizes are refused before the update.
+      double* const v = loss_count_.data();
+      v[0] = s.loss_sum;
+      code_.write(s.batch.sequences, v + 1);
+      dp_->all_reduce(std::span<double>(loss_count_), comm::reduce_op::avg);
+      s.loss_sum = v[0];
+      if (s.training && !code_.agrees(v + 1))
+        detail::refuse_uneven_batches(*dp_, s.batch.sequences, "sharded");
       return;
     }
     case k_gather_param: {
@@ -630,6 +643,8 @@ private:
 
   C* dp_;
   plan_descriptor::sharded_desc d_;
+  detail::count_code<double> code_{dp_->size()};
+  std::vector<double> loss_count_ = std::vector<double>(1 + code_.slots());
   engine::state<T>* state_ = nullptr;
   std::vector<slice> segs_;
   std::size_t shard_total_ = 0, max_size_ = 0, max_slice_ = 0;

@@ -380,6 +380,28 @@ public:
   std::vector<std::size_t> const& stage_boundaries() const noexcept { return stage_first_; }
   /// The passes, in fold order (pipeline, then data parallel or sharded).
   std::vector<std::unique_ptr<engine::pass<T>>> const& passes() const noexcept { return passes_; }
+
+  /// Adds a pass of the user's (or a test's: a fault injected into the program) after
+  /// construction, without editing the library: calls p->setup(state()), appends it after the
+  /// plan's passes and rebuilds the training program, so that its rewrite() runs last and
+  /// sees every other pass's operations (the evaluation program is rebuilt, with its
+  /// rewrite_eval(), on the next evaluate()); re-makes the activation slots and resets the
+  /// trace. configure() is not called: the flat buffers are laid out and the optimizer is
+  /// made, so the pass must not change the layout or state.owned. Call it before the first
+  /// step, with the same pass on every rank of the mesh (their programs' collectives must
+  /// match).
+  void insert_pass(std::unique_ptr<engine::pass<T>> p) {
+    if (!p)
+      throw config_error("strata: trainer::insert_pass: the pass is null");
+    ledger_scope scope(*ledger_);
+    p->setup(state_);
+    passes_.push_back(std::move(p));
+    program_ = build(micro_batches_, true);
+    state_.make_slots(program_);
+    trace_.reset(program_.ops.size());
+    eval_ = {};
+  }
+
   std::size_t micro_batches() const noexcept { return micro_batches_; }
   /// Elements of the model's parameters on this rank.
   std::size_t parameter_count() const noexcept { return state_.parameter_elements(); }

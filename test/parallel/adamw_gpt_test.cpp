@@ -1,0 +1,54 @@
+// f32 AdamW on the GPT (issue 17): the combination users run most, under data parallel,
+// ZeRO-3, tensor parallel and a pipeline, against one rank. Adam divides each gradient element
+// by its own running magnitude, so an element whose gradient nearly cancels (a bias summed over
+// rows of both signs, a layer-norm gain) turns the rounding of another summation order into a
+// step-sized difference: the parameter criterion cannot be DESIGN.md's 1e-4 of how far each
+// tensor moved. Its tolerance here, adamw_f32_param_tolerance, was measured over seeds
+// (docs/testing.md: the worst tensor of every line over 60 seeds); losses (1e-5 relative) and
+// first gradients (1e-5) keep DESIGN.md's, and the SGD lines elsewhere stay the strict ones.
+#include <strata/models/gpt.hpp>
+#include <strata/train/trainer.hpp>
+
+#include "../support/parity.hpp"
+#include "../support/require_parity.hpp"
+
+#include <catch2/catch.hpp>
+
+namespace st = strata;
+using st::test::parity_optimizer;
+
+namespace {
+
+// Measured: see docs/testing.md ("f32 AdamW on the GPT").
+constexpr double adamw_f32_param_tolerance = 2e-3;
+
+st::models::gpt_model<float> const gpt{
+    {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
+
+st::test::parity_options const adamw{.sequences = 8,
+                                     .seq = 8,
+                                     .optimizer = parity_optimizer::adamw,
+                                     .lr = 1e-2,
+                                     .param_tolerance = adamw_f32_param_tolerance};
+
+} // namespace
+
+TEST_CASE("f32 AdamW on the GPT: data parallel", "[parallel][ddp][parity][adamw32]") {
+  st::test::require_ok(
+      st::test::check_parity<st::plan<st::data_parallel<>>>(2, gpt, adamw, {.dp = 2}));
+}
+
+TEST_CASE("f32 AdamW on the GPT: zero<3>", "[parallel][zero][parity][adamw32]") {
+  st::test::require_ok(
+      st::test::check_parity<st::plan<st::sharded<st::zero<3>>>>(2, gpt, adamw, {.dp = 2}));
+}
+
+TEST_CASE("f32 AdamW on the GPT: tensor parallel", "[parallel][tp][parity][adamw32]") {
+  st::test::require_ok(
+      st::test::check_parity<st::plan<st::tensor_parallel<>>>(2, gpt, adamw, {.tp = 2}));
+}
+
+TEST_CASE("f32 AdamW on the GPT: 1F1B", "[parallel][pipeline][parity][adamw32]") {
+  using pipe = st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
+  st::test::require_ok(st::test::check_parity<pipe>(2, gpt, adamw, {.pp = 2}));
+}

@@ -1,0 +1,353 @@
+// Faults the parity harness must catch, one per strategy. A step is a program, so a test
+// injects a fault by rewriting it — a pass of its own, added to the plan's trainer only
+// (parity_options::fault, trainer::insert_pass) — with no hook in the library. Each test runs
+// the same plan without the fault first (it must pass: the failure is the fault's), then with
+// it, and checks which criterion caught it. SGD without clipping: Adam's update hides a
+// gradient scaled by a constant, and clipping hides a larger norm.
+#include <strata/comm/mesh.hpp>
+#include <strata/engine/op.hpp>
+#include <strata/engine/pass.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/engine/state.hpp>
+#include <strata/models/gpt.hpp>
+#include <strata/nn/context.hpp>
+#include <strata/train/trainer.hpp>
+
+#include "../support/parity.hpp"
+#include "../support/seed.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace st = strata;
+namespace eng = strata::engine;
+using Catch::Matchers::Contains;
+using eng::op;
+using eng::op_code;
+
+namespace {
+
+st::models::gpt_model<float> const gpt{
+    {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
+st::test::parity_options const sgd{
+    .sequences = 8, .seq = 8, .optimizer = st::test::parity_optimizer::sgd, .lr = 5e-2};
+
+bool is_engine(op const& o, op_code c) noexcept {
+  return o.owner == eng::engine_owner && o.code == c;
+}
+
+[[noreturn]] void not_applied(std::string const& fault) {
+  throw st::test::check_failed("fault \"" + fault + "\": the program has nothing it applies to");
+}
+
+// Runs Plan on 4 in-process ranks without the fault (which must pass), then with it (which
+// must fail); prints and returns the report of the faulty run.
+template <class Plan>
+st::test::parity_report caught(std::string const& what, st::models::gpt_model<float> const& m,
+                               st::test::parity_fault fault, st::comm::mesh_shape shape) {
+  auto const clean = st::test::check_parity<Plan>(4, m, sgd, shape);
+  INFO(what << ", without the fault: " << clean.summary());
+  REQUIRE(clean.ok);
+  st::test::parity_options o = sgd;
+  o.fault = std::move(fault);
+  auto bad = st::test::check_parity<Plan>(4, m, o, shape);
+  std::printf("%s: %s\n", what.c_str(), bad.summary().c_str());
+  INFO(what << ": " << bad.summary());
+  CHECK_FALSE(bad.ok);
+  return bad;
+}
+
+// (1) Data parallel's reduction summed instead of averaged: after its last wait, before the
+// engine's clip, each rank's gradients are multiplied by dp.
+template <class T>
+class summed_dp_fault final : public eng::pass<T> {
+public:
+  explicit summed_dp_fault(int dp) : dp_(dp) {}
+  std::string_view name() const noexcept override { return "fault: dp sum"; }
+
+  void rewrite(eng::program& p, std::uint16_t id) override {
+    std::size_t at = 0;
+    while (at < p.ops.size() && !is_engine(p.ops[at], op_code::clip))
+      ++at;
+    if (at == 0 || at == p.ops.size() || p.ops[at - 1].code != op_code::wait)
+      not_applied(std::string(name()));
+    p.ops.insert(p.ops.begin() + static_cast<std::ptrdiff_t>(at),
+                 eng::pass_op(op_code::custom, id));
+  }
+
+  void run(op const&, eng::state<T>& s) override {
+    for (auto const& r : s.owned)
+      for (std::size_t i = 0; i < r.count; ++i)
+        r.grads[i] *= static_cast<T>(dp_);
+  }
+
+private:
+  int dp_;
+};
+
+// (2) ZeRO-2: the reduce-scatter of micro-batch 0's gradients (the sharded pass's collective
+// right after the backward that completes a segment) removed on every rank. Nothing waits for
+// a request that was never started: the next preparation of that staging slot, and the drain,
+// complete only what is pending (rs_pending_), so the program neither hangs nor crashes; the
+// staged gradients are zeroed by the slot's next preparation, never added to the shard.
+template <class T>
+class dropped_reduce_scatter_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: reduce-scatter dropped"; }
+
+  void rewrite(eng::program& p, std::uint16_t) override {
+    std::vector<op> out;
+    bool dropped = false;
+    for (std::size_t i = 0; i < p.ops.size(); ++i) {
+      op const& o = p.ops[i];
+      bool const target =
+          !dropped && i > 0 && o.code == op_code::collective && o.owner != eng::engine_owner &&
+          is_engine(p.ops[i - 1], op_code::backward) && p.ops[i - 1].micro_batch == 0;
+      dropped = dropped || target;
+      if (!target)
+        out.push_back(o);
+    }
+    if (!dropped)
+      not_applied(std::string(name()));
+    p.ops = std::move(out);
+  }
+};
+
+// Rewrites the engine's operations of one code in place; `edit` returns whether it changed
+// one. At least one must change.
+template <class T, class Edit>
+void edit_engine_ops(eng::pass<T> const& fault, eng::program& p, op_code code, Edit edit) {
+  bool changed = false;
+  for (op& o : p.ops)
+    if (is_engine(o, code))
+      changed = edit(o) || changed;
+  if (!changed)
+    not_applied(std::string(fault.name()));
+}
+
+// (3) Every backward of micro-batch 0 skipped (accumulation with data parallel).
+template <class T>
+class skipped_backward_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: backward skipped"; }
+
+  void rewrite(eng::program& p, std::uint16_t) override {
+    std::size_t const before = p.ops.size();
+    std::erase_if(
+        p.ops, [](op const& o) { return is_engine(o, op_code::backward) && o.micro_batch == 0; });
+    if (p.ops.size() == before)
+      not_applied(std::string(name()));
+  }
+};
+
+// (4) Pipeline: stage 0's forwards of micro-batches 0 and 1 swapped — each runs in the
+// other's activation slot, so stage 0 reads the other micro-batch's tokens, and the last
+// stage scores them against the wrong targets. The schedule, slots and transfers are
+// unchanged (the pipeline pass's rewrite has run), so it stays runnable.
+template <class T>
+class swapped_micro_batches_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: micro-batches swapped"; }
+
+  void setup(eng::state<T>& s) override {
+    first_stage_ = !s.chunks.empty() && s.chunks[0].first == 0;
+  }
+
+  void rewrite(eng::program& p, std::uint16_t) override {
+    if (!first_stage_)
+      return;
+    edit_engine_ops(*this, p, op_code::forward, [](op& o) {
+      if (o.micro_batch > 1)
+        return false;
+      o.micro_batch = 1 - o.micro_batch;
+      return true;
+    });
+  }
+
+private:
+  bool first_stage_ = false;
+};
+
+// The tp group's collectives, forwarded to the real ones except the next all_reduce_sum
+// while armed, which is skipped (every rank of the group skips the same call: no mismatch).
+class skipping_tp_ops final : public st::nn::tp_ops {
+public:
+  explicit skipping_tp_ops(st::nn::tp_ops& inner) noexcept : inner_(&inner) {}
+  bool armed = false;
+
+  // Each element type's three collectives (tp_ops declares them per type).
+#define STRATA_FAULT_TP_OPS(U)                                                                     \
+  void all_reduce_sum(std::span<U> b) override {                                                   \
+    reduce(b);                                                                                     \
+  }                                                                                                \
+  void all_gather(std::span<U const> s, std::span<U> r) override {                                 \
+    inner_->all_gather(s, r);                                                                      \
+  }                                                                                                \
+  void reduce_scatter_sum(std::span<U const> s, std::span<U> r) override {                         \
+    inner_->reduce_scatter_sum(s, r);                                                              \
+  }
+  STRATA_FAULT_TP_OPS(float)
+  STRATA_FAULT_TP_OPS(double)
+  STRATA_FAULT_TP_OPS(st::f16)
+  STRATA_FAULT_TP_OPS(st::bf16)
+#undef STRATA_FAULT_TP_OPS
+
+private:
+  template <class U>
+  void reduce(std::span<U> b) {
+    if (armed)
+      armed = false; // left as this rank's partial sum
+    else
+      inner_->all_reduce_sum(b);
+  }
+
+  st::nn::tp_ops* inner_;
+};
+
+// (5) Tensor parallel: the first all_reduce_sum of each forward of one layer skipped (in a
+// transformer block, the attention's row-parallel output projection). setup() puts a group
+// whose collectives forward to the real ones in state.tp, which every layer's context
+// carries; custom operations around the layer's forwards arm and disarm the skip.
+template <class T>
+class skipped_tp_all_reduce_fault final : public eng::pass<T> {
+  enum : std::uint32_t { arg_disarm = 0, arg_arm = 1 };
+
+public:
+  explicit skipped_tp_all_reduce_fault(std::uint32_t layer) : layer_(layer) {}
+  std::string_view name() const noexcept override { return "fault: tp all-reduce skipped"; }
+
+  void setup(eng::state<T>& s) override {
+    if (s.tp == nullptr || s.tp->ops == nullptr)
+      not_applied(std::string(name()));
+    ops_.emplace(*s.tp->ops);
+    group_ = {s.tp->size, s.tp->rank, &*ops_};
+    s.tp = &group_;
+  }
+
+  void rewrite(eng::program& p, std::uint16_t id) override {
+    auto hit = [this](op const& o) {
+      return is_engine(o, op_code::forward) && o.layer == layer_ && !o.recompute();
+    };
+    bool found = false;
+    p.rewrite(
+        [&](op const& o, std::vector<op>& out) {
+          if (hit(o)) {
+            out.push_back(eng::pass_op(op_code::custom, id, arg_arm));
+            found = true;
+          }
+          return true;
+        },
+        [&](op const& o, std::vector<op>& out) {
+          if (hit(o))
+            out.push_back(eng::pass_op(op_code::custom, id, arg_disarm));
+        });
+    if (!found)
+      not_applied(std::string(name()));
+  }
+
+  void run(op const& o, eng::state<T>&) override {
+    if (o.arg == arg_disarm && ops_->armed) // the layer ran no all-reduce: nothing was skipped
+      not_applied(std::string(name()));
+    ops_->armed = o.arg == arg_arm;
+  }
+
+private:
+  std::uint32_t layer_;
+  std::optional<skipping_tp_ops> ops_;
+  st::nn::tp_group group_{};
+};
+
+// (6) Sequence parallel: the layer norms' gradient reduction over tp skipped — it runs in the
+// backwards flagged grads_complete, so the flag is cleared from every backward.
+template <class T>
+class skipped_sp_reduction_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: sp reduction skipped"; }
+
+  void rewrite(eng::program& p, std::uint16_t) override {
+    edit_engine_ops(*this, p, op_code::backward, [](op& o) {
+      bool const had = o.completes_grads();
+      o.flags = static_cast<std::uint8_t>(o.flags & ~eng::grads_complete);
+      return had;
+    });
+  }
+};
+
+} // namespace
+
+TEST_CASE("the harness catches dp gradients summed instead of averaged",
+          "[parallel][faults][parity][ddp]") {
+  auto const r = caught<st::plan<st::data_parallel<>>>(
+      "dp sum", gpt, st::test::parity_fault::of<summed_dp_fault>(4), {.dp = 4});
+  CHECK(r.grad > 1); // the first gradient is dp times the reference
+  CHECK(r.param > 1);
+}
+
+TEST_CASE("the harness catches a ZeRO-2 reduce-scatter dropped",
+          "[parallel][faults][parity][zero]") {
+  auto const r = caught<st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>>>(
+      "zero-2 reduce-scatter dropped", gpt,
+      st::test::parity_fault::of<dropped_reduce_scatter_fault>(), {.dp = 4});
+  CHECK(r.grad > 1); // the shards miss micro-batch 0's gradients
+}
+
+TEST_CASE("the harness catches a micro-batch's backward skipped",
+          "[parallel][faults][parity][ddp]") {
+  auto const r = caught<st::plan<st::data_parallel<>, st::micro_batches<2>>>(
+      "backward of micro-batch 0 skipped", gpt,
+      st::test::parity_fault::of<skipped_backward_fault>(), {.dp = 4});
+  CHECK(r.grad > 1); // half the gradient
+}
+
+TEST_CASE("the harness catches two pipeline micro-batches swapped",
+          "[parallel][faults][parity][pipeline]") {
+  using plan =
+      st::plan<st::data_parallel<>, st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
+  auto const r =
+      caught<plan>("pipeline micro-batches 0 and 1 swapped", gpt,
+                   st::test::parity_fault::of<swapped_micro_batches_fault>(), {.dp = 2, .pp = 2});
+  CHECK(r.loss > 1); // the first step's loss scores tokens against other targets
+}
+
+TEST_CASE("the harness catches a tensor-parallel all-reduce skipped",
+          "[parallel][faults][parity][tp]") {
+  auto const r = caught<st::plan<st::data_parallel<>, st::tensor_parallel<>>>(
+      "tp all-reduce of blocks.0 skipped", gpt,
+      st::test::parity_fault::of<skipped_tp_all_reduce_fault>(std::uint32_t{1}),
+      {.dp = 2, .tp = 2});
+  // The forward itself is wrong, but the attention's share of the residual stream is small at
+  // initialisation: the loss criterion catches it narrowly (1.5 x its tolerance at worst over
+  // 40 seeds), the gradient criterion by thousands.
+  CHECK(r.grad > 1);
+}
+
+TEST_CASE("the harness catches the sequence-parallel layer-norm reduction skipped",
+          "[parallel][faults][parity][tp][sp]") {
+  auto g = gpt;
+  g.config.sequence_parallel = true;
+  auto const fault = st::test::parity_fault::of<skipped_sp_reduction_fault>();
+  // Each tp rank's layer-norm gradients cover its rows only: partial sums, which differ
+  // between the tp replicas.
+  auto const check = [](st::test::parity_report const& r) {
+    CHECK(r.grad > 1);
+    CHECK_THAT(r.message, Contains("norm.weight: first gradient differs"));
+    CHECK_THAT(r.message, Contains("elements differ between the ranks"));
+  };
+  SECTION("ZeRO-2, 2 micro-batches") {
+    check(caught<st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>, st::tensor_parallel<>>>(
+        "sp reduction skipped (zero-2)", g, fault, {.dp = 2, .tp = 2}));
+  }
+  SECTION("data parallel, 2 micro-batches") {
+    check(caught<st::plan<st::data_parallel<>, st::tensor_parallel<>, st::micro_batches<2>>>(
+        "sp reduction skipped (dp)", g, fault, {.dp = 2, .tp = 2}));
+  }
+}
