@@ -64,6 +64,18 @@ int main(int argc, char** argv) {
       lines("zero1 dp2", (st::sharded<st::zero<1>>*)nullptr);
       lines("zero2 dp2", (st::sharded<st::zero<2>>*)nullptr);
       lines("zero3 dp2", (st::sharded<st::zero<3>>*)nullptr);
+      // Sequence parallel under ZeRO-2 (issue 17: its layer norms' tp reduction must see every
+      // micro-batch's gradients before ZeRO-2 stages them away), and under data parallel.
+      auto sp = g;
+      sp.config.sequence_parallel = true;
+      using z2 = st::sharded<st::zero<2>>;
+      line("gpt4 sp f32 sgd zero2 dp2 x tp2 x pp2 1f1b, clipping",
+           st::test::check_parity<st::plan<z2, st::tensor_parallel<>, f1b>>(world, sp, o, shape));
+      line("gpt4 sp f32 sgd zero2 dp2 x tp2 x pp2 v2, clipping",
+           st::test::check_parity<st::plan<z2, st::tensor_parallel<>, il>>(world, sp, o, shape));
+      line("gpt4 sp f32 sgd dp2 x tp2 x pp2 1f1b, clipping",
+           st::test::check_parity<st::plan<st::data_parallel<>, st::tensor_parallel<>, f1b>>(
+               world, sp, o, shape));
       return;
     }
     using ddp = st::plan<st::data_parallel<>>;
