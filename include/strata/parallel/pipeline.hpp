@@ -138,10 +138,18 @@ public:
     }
     auto const& groups = s.training ? train_groups_ : eval_groups_;
     transfer_group const& g = groups[o.arg];
-    if (!g.headers.empty())
-      check_counts(g, s);
     scratch_.clear();
-    for (transfer const& t : g.ops) {
+    header_out_ = static_cast<std::int64_t>(s.batch.sequences);
+    header_in_.resize(std::max(header_in_.size(), g.ops.size()));
+    for (std::size_t i = 0; i < g.ops.size(); ++i) {
+      transfer const& t = g.ops[i];
+      if (t.header) { // the count header, ahead of the transfer it belongs to
+        if (t.send)
+          scratch_.push_back(
+              comm::p2p::send(std::span<std::int64_t const>(&header_out_, 1), t.peer));
+        else
+          scratch_.push_back(comm::p2p::recv(std::span<std::int64_t>(&header_in_[i], 1), t.peer));
+      }
       engine::chunk_layers const& c = s.chunks[t.chunk];
       std::uint32_t const first = c.first, last = c.last;
       if (!t.grad) {
@@ -162,7 +170,19 @@ public:
         }
       }
     }
-    pp_->group(std::span<comm::p2p const>(scratch_));
+    if (!g.headers) {
+      pp_->group(std::span<comm::p2p const>(scratch_));
+      return;
+    }
+    try {
+      pp_->group(std::span<comm::p2p const>(scratch_));
+    } catch (comm_error const&) {
+      // A stage fed another batch sends activations of another size: the receive of the
+      // activation fails, after the header ahead of it arrived. Name the stages and counts.
+      check_counts(g);
+      throw;
+    }
+    check_counts(g);
   }
 
 private:
@@ -170,37 +190,26 @@ private:
     bool send = false, grad = false;
     std::uint16_t chunk = 0, slot = 0;
     int peer = 0;
+    bool header = false; // the count header goes ahead of it (see check_counts)
   };
   struct transfer_group {
     std::vector<transfer> ops;
-    // Sequence-count headers exchanged before this group: with each neighbour, ahead of the
-    // step's first forward transfer to or from it (send = to the peer).
-    std::vector<transfer> headers;
+    bool headers = false; // some transfer carries a count header
   };
 
   // Stages of one replica must run batches of one size: a stage fed another batch would send
-  // activations of another shape. Each stage sends its sequence count to a neighbour just
-  // before its first forward transfer to it in the step (one 8-byte message each way per
-  // stage boundary and step, no collective); the receiver compares it with its own and
-  // refuses the step naming both stages and counts, before any parameter changes.
-  void check_counts(transfer_group const& g, engine::state<T> const& s) {
-    header_out_ = static_cast<std::int64_t>(s.batch.sequences);
-    header_in_.resize(g.headers.size());
-    scratch_.clear();
-    for (std::size_t i = 0; i < g.headers.size(); ++i) {
-      transfer const& h = g.headers[i];
-      if (h.send)
-        scratch_.push_back(comm::p2p::send(std::span<std::int64_t const>(&header_out_, 1), h.peer));
-      else
-        scratch_.push_back(comm::p2p::recv(std::span<std::int64_t>(&header_in_[i], 1), h.peer));
-    }
-    pp_->group(std::span<comm::p2p const>(scratch_));
-    for (std::size_t i = 0; i < g.headers.size(); ++i)
-      if (!g.headers[i].send && header_in_[i] != header_out_)
+  // activations of another shape. Each stage sends its sequence count (8 bytes) ahead of its
+  // first forward transfer to each neighbour in the step, in the same group and in the same
+  // order (so no new ordering between the stages: no deadlock the table's checker did not
+  // rule out); no collective. The receiver compares it with its own and refuses the step
+  // naming both stages and counts, before any parameter changes.
+  void check_counts(transfer_group const& g) const {
+    for (std::size_t i = 0; i < g.ops.size(); ++i)
+      if (g.ops[i].header && !g.ops[i].send && header_in_[i] != header_out_)
         throw config_error(
             "strata: pipeline_parallel: the stages of one replica were fed different batches: "
             "stage " +
-            std::to_string(g.headers[i].peer) + " runs " + std::to_string(header_in_[i]) +
+            std::to_string(g.ops[i].peer) + " runs " + std::to_string(header_in_[i]) +
             " sequences this step, stage " + std::to_string(pp_->rank()) + " runs " +
             std::to_string(header_out_) +
             "; every stage of a replica (the ranks of one dp coordinate) must be given the "
@@ -228,12 +237,12 @@ private:
     for (auto const& a : row.actions)
       groups.push_back(convert(a.group));
     groups.push_back(convert(row.final_group));
-    // The count headers: before the first forward transfer with each peer, in each direction.
+    // The count headers: ahead of the first forward transfer with each peer, each direction.
     std::set<std::pair<int, bool>> seen;
     for (auto& g : groups)
-      for (transfer const& x : g.ops)
+      for (transfer& x : g.ops)
         if (!x.grad && seen.insert({x.peer, x.send}).second)
-          g.headers.push_back({x.send, false, 0, 0, x.peer});
+          x.header = g.headers = true;
     std::size_t next = 0; // the action whose first operation comes next
     auto group_op = [&](std::size_t k, op const* at) {
       op g = engine::pass_op(op_code::send, id, static_cast<std::uint32_t>(k));
