@@ -222,6 +222,23 @@ make_parity_data(Model const& model, parity_options const& o, std::uint64_t seed
 
 namespace detail {
 
+/// What every check starts from: the seed (the test's when o.seed is 0, written back), the
+/// global batch from it, and trainer options with a constant lr o.lr and the parameters'
+/// initialisation seed.
+template <engine::model Model>
+auto start_parity(Model const& model, parity_options& o) {
+  if (o.seed == 0)
+    o.seed = seed();
+  struct start {
+    parity_data<typename Model::value_type> data;
+    trainer_options to;
+  } out{make_parity_data(model, o, mix(o.seed, 2)), {}};
+  double const lr = o.lr;
+  out.to.lr = [lr](std::int64_t) { return lr; };
+  out.to.seed = mix(o.seed, 1);
+  return out;
+}
+
 // A rank's tensors as full-size arrays for gathering: max and min over ranks of each element,
 // where a rank that does not hold an element contributes -inf and +inf. After the
 // reductions, max == -inf means no rank holds the element; max != min means two replicas
@@ -275,16 +292,9 @@ parity_report check_parity(C& world, Model const& model, parity_options o,
                            comm::mesh_shape shape = {}) {
   using T = typename Model::value_type;
   using tol = parity_tolerance<T>;
-  if (o.seed == 0)
-    o.seed = seed();
-  std::uint64_t const init_seed = mix(o.seed, 1), data_seed = mix(o.seed, 2);
-  auto const data = make_parity_data(model, o, data_seed);
-  trainer_options to;
-  double const lr = o.lr;
-  to.lr = [lr](std::int64_t) { return lr; };
+  auto [data, to] = detail::start_parity(model, o);
   to.clip = o.clip;
   to.grad_norm = true;
-  to.seed = init_seed;
 
   trainer<Model> ref(model, detail::parity_optimizer_of<T>(o), to);
   comm::mesh<C> mesh(world, shape);

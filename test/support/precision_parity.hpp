@@ -60,14 +60,7 @@ template <class Plan, engine::model Model, comm::communicator C>
 grad16_report check_first_gradients(C& world, Model const& model, parity_options o,
                                     comm::mesh_shape shape, double tolerance,
                                     double initial_scale = 1024) {
-  if (o.seed == 0)
-    o.seed = seed();
-  std::uint64_t const init_seed = mix(o.seed, 1), data_seed = mix(o.seed, 2);
-  auto const data = make_parity_data(model, o, data_seed);
-  trainer_options to;
-  double const lr = o.lr;
-  to.lr = [lr](std::int64_t) { return lr; };
-  to.seed = init_seed;
+  auto [data, to] = detail::start_parity(model, o);
   to.loss_scaler.initial_scale = initial_scale;
   using T = typename Model::value_type;
   auto sgd = [] { return engine::use<optim::sgd<T>>({.momentum = 0.9}); };
