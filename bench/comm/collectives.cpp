@@ -4,6 +4,7 @@
 #include <strata/comm/local.hpp>
 #if STRATA_BENCH_MPI
 #include "../support/launcher.hpp"
+#include "../support/mpi_timing.hpp"
 
 #include <strata/comm/mpi.hpp>
 #endif
@@ -219,15 +220,7 @@ void bm_mpi(benchmark::State& state, coll k, std::size_t bytes) {
     }
   };
   auto via_strata = [&] { call(c, k, all, mine, gathered); };
-  // The slowest rank's time of one call.
-  auto timed = [&](auto&& call) {
-    MPI_Barrier(raw);
-    auto const t0 = std::chrono::steady_clock::now();
-    call();
-    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, raw);
-    return t;
-  };
+  auto timed = [&](auto&& call) { return strata::bench::slowest_rank_seconds(raw, call); };
   via_mpi();
   via_strata();
   double raw_total = 0, strata_total = 0;

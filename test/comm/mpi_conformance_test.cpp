@@ -7,9 +7,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 
 namespace sc = strata::comm;
 namespace conf = strata::test::conformance;
@@ -63,6 +65,53 @@ STRATA_MPI_CONFORMANCE(conf::async(c, seed(), false),
                        "non-blocking operations complete in issue order")
 STRATA_MPI_CONFORMANCE(conf::counters(c), "counters count calls and bytes per kind")
 
+TEST_CASE("mpi counters count 16-bit reductions at the float width they travel in",
+          "[comm][mpi][conformance]") {
+  on_every_rank([](sc::mpi::communicator& c) {
+    using sc::op_kind;
+    std::uint64_t const n = static_cast<std::uint64_t>(c.size());
+    auto const before = c.counters();
+    std::vector<strata::bf16> a(100, strata::bf16(1.0f)), b(100 * n, strata::bf16(1.0f));
+    std::vector<strata::f16> h(100, strata::f16(1.0f));
+    c.all_reduce(std::span<strata::bf16>(a), sc::reduce_op::sum);
+    c.all_reduce_async(std::span<strata::f16>(h), sc::reduce_op::avg).wait();
+    c.reduce_scatter(std::span<strata::bf16 const>(b), std::span<strata::bf16>(a),
+                     sc::reduce_op::sum);
+    c.reduce_scatter_async(std::span<strata::bf16 const>(b), std::span<strata::bf16>(a),
+                           sc::reduce_op::avg)
+        .wait();
+    // Gathers and broadcasts move the 16-bit words themselves.
+    c.all_gather(std::span<strata::bf16 const>(a), std::span<strata::bf16>(b));
+    c.broadcast(std::span<strata::f16>(h), 0);
+    auto const& now = c.counters();
+    auto bytes = [&](op_kind k) { return now.bytes(k) - before.bytes(k); };
+    auto calls = [&](op_kind k) { return now.calls(k) - before.calls(k); };
+    STRATA_CHECK(calls(op_kind::all_reduce) == 2 && bytes(op_kind::all_reduce) == 2 * 400);
+    STRATA_CHECK(calls(op_kind::reduce_scatter) == 2 &&
+                 bytes(op_kind::reduce_scatter) == 2 * 400 * n);
+    STRATA_CHECK(bytes(op_kind::all_gather) == 200 * n && bytes(op_kind::broadcast) == 200);
+    STRATA_CHECK(static_cast<float>(h[0]) == 1.0f); // avg of ones, rounded once
+    STRATA_CHECK(static_cast<float>(a[0]) == 1.0f);
+  });
+}
+
+TEST_CASE("mpi non-blocking operations complete while the rank makes no MPI call",
+          "[comm][mpi][conformance]") {
+  on_every_rank([](sc::mpi::communicator& c) {
+    if (env->progress_interval().count() == 0)
+      return; // STRATA_MPI_PROGRESS_US=0: operations move only inside MPI calls
+    // 4 MiB: Open MPI's rendezvous protocol needs many progress calls on both sides, so
+    // without the progress thread one test() after the pause finds it unfinished.
+    std::vector<float> v(1 << 20, 1.0f);
+    auto r = c.all_reduce_async(std::span<float>(v), sc::reduce_op::avg);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    bool const done = r.test();
+    r.wait();
+    STRATA_CHECK_MSG(done, "the progress thread did not complete a 4 MiB all_reduce in 0.5 s");
+    STRATA_CHECK(v[0] == 1.0f && v.back() == 1.0f);
+  });
+}
+
 TEST_CASE("mpi all_reduce gives the same bits on every rank and in every run",
           "[comm][mpi][conformance]") {
   on_every_rank([](sc::mpi::communicator& c) {
@@ -86,7 +135,8 @@ TEST_CASE("mpi all_reduce gives the same bits on every rank and in every run",
 TEST_CASE("mpi checked mode raises comm_desync on every rank, showing every call",
           "[comm][mpi][errors]") {
   on_every_rank([&](sc::mpi::communicator& c) {
-    STRATA_CHECK_MSG(env->options().checked, "run with STRATA_COMM_CHECKED=1 (ctest sets it)");
+    STRATA_CHECK_MSG(env->options().checked && c.checked(),
+                     "checked mode is on by default; unset STRATA_COMM_CHECKED or set it to 1");
     std::vector<float> v(20, 1.0f);
     std::string text;
     try {
@@ -103,6 +153,46 @@ TEST_CASE("mpi checked mode raises comm_desync on every rank, showing every call
         text.find("rank [1] called all_reduce(count 11, f32, sum)") != std::string::npos, text);
     // After a detected mismatch the communicator is still usable: nothing was exchanged.
     c.all_reduce(std::span<float>(v).first(10), sc::reduce_op::sum);
+    STRATA_CHECK(v[0] == static_cast<float>(c.size()));
+  });
+}
+
+TEST_CASE("mpi checked mode catches a mismatched non-blocking collective at its wait",
+          "[comm][mpi][errors]") {
+  on_every_rank([&](sc::mpi::communicator& c) {
+    std::vector<float> v(20, 1.0f);
+    auto desync_text = [&](auto&& call) {
+      try {
+        call();
+      } catch (strata::comm_desync const& e) {
+        return std::string(e.what());
+      }
+      return std::string("no comm_desync");
+    };
+    // Issued without waiting for the other ranks; raised at the wait, on every rank.
+    std::string text = desync_text([&] {
+      c.all_reduce_async(std::span<float>(v).first(c.rank() == 1 ? 11 : 10), sc::reduce_op::sum)
+          .wait();
+    });
+    STRATA_CHECK_MSG(text.find("rank [0] called all_reduce(count 10, f32, sum) (non-blocking)") !=
+                         std::string::npos,
+                     text);
+    STRATA_CHECK_MSG(text.find("rank [1] called all_reduce(count 11, f32, sum) (non-blocking)") !=
+                         std::string::npos,
+                     text);
+    // MPI does not match a blocking collective with a non-blocking one: a mix is a mismatch.
+    text = desync_text([&] {
+      if (c.rank() == 0)
+        c.all_reduce(std::span<float>(v).first(10), sc::reduce_op::sum);
+      else
+        c.all_reduce_async(std::span<float>(v).first(10), sc::reduce_op::sum).wait();
+    });
+    STRATA_CHECK_MSG(text.find("rank [0] called all_reduce(count 10, f32, sum); rank [1] called "
+                               "all_reduce(count 10, f32, sum) (non-blocking)") !=
+                         std::string::npos,
+                     text);
+    // Nothing was exchanged: the communicator still works, non-blocking too.
+    c.all_reduce_async(std::span<float>(v).first(10), sc::reduce_op::sum).wait();
     STRATA_CHECK(v[0] == static_cast<float>(c.size()));
   });
 }

@@ -16,16 +16,13 @@ namespace strata::comm {
 ///   live rank raises comm_timeout. Environment: STRATA_COMM_TIMEOUT, in seconds (default 600,
 ///   the order of PyTorch's NCCL default).
 /// - `checked`: before each collective, ranks compare (kind, count, type, op, root) and raise
-///   comm_desync on a mismatch. Environment: STRATA_COMM_CHECKED=0|1; default on in builds
-///   without NDEBUG. Backends where the check is free (local) always check.
+///   comm_desync on a mismatch. Environment: STRATA_COMM_CHECKED=0|1; default on, in release
+///   builds too: on MPI it costs one small non-blocking all-reduce per collective, about
+///   1.5 µs at 2 processes and within noise (±1.2 %) of a data-parallel step
+///   (docs/communicator.md). Backends where the check is free (local) always check.
 struct comm_options {
   std::chrono::duration<double> timeout{600.0};
-  bool checked =
-#ifdef NDEBUG
-      false;
-#else
-      true;
-#endif
+  bool checked = true;
 
   /// The defaults overridden by the environment variables above. A malformed value is a
   /// config_error naming the variable and the value.

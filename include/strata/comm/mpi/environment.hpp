@@ -5,6 +5,7 @@
 #include <strata/comm/mpi/communicator.hpp>
 #include <strata/comm/rendezvous/tcp_store.hpp>
 
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -13,7 +14,9 @@
 namespace strata::comm::mpi {
 
 /// Starts MPI (MPI_THREAD_MULTIPLE: the watchdog thread may end the job while the rank's
-/// thread is inside MPI), the key-value store and the watchdog; ends them in reverse.
+/// thread is inside MPI, and the progress thread completes non-blocking operations while the
+/// rank's thread computes), the key-value store, the watchdog and the progress thread; ends
+/// them in reverse.
 /// One per process, constructed on every rank; the communicators it hands out must be
 /// destroyed before it.
 ///
@@ -22,10 +25,14 @@ namespace strata::comm::mpi {
 /// a free port of 127.0.0.1 when every rank shares one machine, else of STRATA_STORE_ADDR
 /// (or this machine's name), told to the others by MPI_Bcast. When RANK and WORLD_SIZE are
 /// set they must agree with MPI's.
+///
+/// The progress thread (mpi/progress.hpp) polls every STRATA_MPI_PROGRESS_US
+/// microseconds (default 50) while a non-blocking operation is in flight, and sleeps
+/// otherwise; STRATA_MPI_PROGRESS_US=0 turns it off.
 class environment {
 public:
   environment(int& argc, char**& argv, comm_options const& options = comm_options::from_env())
-      : ctx_{options, nullptr} {
+      : ctx_{options, nullptr, nullptr} {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -45,12 +52,18 @@ public:
     start_store();
     dog_ = std::make_unique<detail::watchdog>(rank_, size_, ctx_.options, host_, port_);
     ctx_.dog = dog_.get();
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    progress_ = std::make_unique<detail::progress_thread>(
+        level == MPI_THREAD_MULTIPLE ? progress_from_env() : std::chrono::microseconds(0));
+    ctx_.progress = progress_.get();
   }
 
   environment(environment const&) = delete;
   environment& operator=(environment const&) = delete;
 
   ~environment() {
+    progress_.reset();
     dog_.reset();                // stops publishing to the store
     MPI_Barrier(MPI_COMM_WORLD); // no rank still talks to the store
     server_.reset();
@@ -61,6 +74,11 @@ public:
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   comm_options const& options() const noexcept { return ctx_.options; }
+  /// The progress thread's pause between polls; zero when it is off (STRATA_MPI_PROGRESS_US=0,
+  /// or MPI started without MPI_THREAD_MULTIPLE).
+  std::chrono::microseconds progress_interval() const noexcept {
+    return progress_->running() ? progress_->interval() : std::chrono::microseconds(0);
+  }
 
   /// A communicator over every process (a duplicate of MPI_COMM_WORLD).
   communicator world() {
@@ -81,6 +99,20 @@ private:
   static char const* env(char const* name) {
     char const* v = std::getenv(name);
     return v && *v ? v : nullptr;
+  }
+
+  // STRATA_MPI_PROGRESS_US: the progress thread's pause between two polls (0: no thread).
+  static std::chrono::microseconds progress_from_env() {
+    char const* v = env("STRATA_MPI_PROGRESS_US");
+    if (!v)
+      return std::chrono::microseconds(50);
+    char* end = nullptr;
+    long const us = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || us < 0)
+      throw config_error(std::string("STRATA_MPI_PROGRESS_US='") + v +
+                         "' is not a whole number of microseconds >= 0 (0 turns the progress "
+                         "thread off)");
+    return std::chrono::microseconds(us);
   }
 
   void check_env_agrees() const {
@@ -143,6 +175,7 @@ private:
   std::uint16_t port_ = 0;
   std::unique_ptr<tcp_store_server> server_;
   std::unique_ptr<detail::watchdog> dog_;
+  std::unique_ptr<detail::progress_thread> progress_;
   std::uint64_t worlds_ = 0;
 };
 
