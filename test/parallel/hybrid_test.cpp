@@ -205,28 +205,28 @@ void sp_recompute(std::string const& strategy) {
 
 } // namespace
 
+// f.template operator()<Strategy>(name) for each data-parallel strategy.
+template <class F>
+void each_strategy(F&& f) {
+  f.template operator()<st::data_parallel<>>("data parallel");
+  f.template operator()<st::sharded<st::zero<1>>>("zero<1>");
+  f.template operator()<st::sharded<st::zero<2>>>("zero<2>");
+  f.template operator()<st::sharded<st::zero<3>>>("zero<3>");
+}
+
 TEST_CASE("hybrid parity: sequence parallel x every strategy x pp x micro-batches",
           "[parallel][hybrid][sp]") {
-  sp_matrix<st::data_parallel<>>("data parallel");
-  sp_matrix<st::sharded<st::zero<1>>>("zero<1>");
-  sp_matrix<st::sharded<st::zero<2>>>("zero<2>");
-  sp_matrix<st::sharded<st::zero<3>>>("zero<3>");
+  each_strategy([]<class S>(std::string const& what) { sp_matrix<S>(what); });
 }
 
 TEST_CASE("hybrid parity: f64 AdamW on the sequence-parallel GPT under every strategy",
           "[parallel][hybrid][sp]") {
-  sp_f64_adamw<st::data_parallel<>>("data parallel");
-  sp_f64_adamw<st::sharded<st::zero<1>>>("zero<1>");
-  sp_f64_adamw<st::sharded<st::zero<2>>>("zero<2>");
-  sp_f64_adamw<st::sharded<st::zero<3>>>("zero<3>");
+  each_strategy([]<class S>(std::string const& what) { sp_f64_adamw<S>(what); });
 }
 
 TEST_CASE("recompute full and selective are bit for bit none on the sequence-parallel lines",
           "[parallel][hybrid][sp]") {
-  sp_recompute<st::data_parallel<>>("data parallel");
-  sp_recompute<st::sharded<st::zero<1>>>("zero<1>");
-  sp_recompute<st::sharded<st::zero<2>>>("zero<2>");
-  sp_recompute<st::sharded<st::zero<3>>>("zero<3>");
+  each_strategy([]<class S>(std::string const& what) { sp_recompute<S>(what); });
 }
 
 TEST_CASE("hybrid parity: data parallel x tp x pp on 4 and 8 ranks", "[parallel][hybrid]") {

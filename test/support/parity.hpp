@@ -7,6 +7,7 @@
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/comm/reduce_op.hpp>
+#include <strata/core/element.hpp>
 #include <strata/engine/batch.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/sgd.hpp>
@@ -249,6 +250,8 @@ struct gathered {
   std::vector<std::vector<T>> hi, lo;
 };
 
+// T is the gathered type; the trainer's pieces may be of another element type (a 16-bit
+// plan's), widened with element_cast (the identity when they are T).
 template <class T, class Trainer, class C>
 gathered<T> gather(Trainer& tr, C& world, std::vector<std::string> const& names,
                    std::vector<std::size_t> const& sizes, bool grads) {
@@ -261,12 +264,12 @@ gathered<T> gather(Trainer& tr, C& world, std::vector<std::string> const& names,
     g.lo.emplace_back(sizes[i], std::numeric_limits<T>::infinity());
   }
   // What this rank holds: whole tensors, or slices of them under a sharded plan.
-  auto put = [&](auto& p, std::size_t first, std::span<T const> s) {
+  auto put = [&](auto& p, std::size_t first, auto s) {
     auto it = index.find(p.name());
     if (it == index.end())
       throw check_failed("the plan holds a tensor \"" + p.name() + "\" that one rank does not");
-    std::copy(s.begin(), s.end(), g.hi[it->second].begin() + static_cast<std::ptrdiff_t>(first));
-    std::copy(s.begin(), s.end(), g.lo[it->second].begin() + static_cast<std::ptrdiff_t>(first));
+    for (std::size_t i = 0; i < s.size(); ++i)
+      g.hi[it->second][first + i] = g.lo[it->second][first + i] = element_cast<T>(s[i]);
   };
   if (grads)
     tr.for_each_grad_piece(put);

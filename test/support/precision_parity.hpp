@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -85,29 +84,24 @@ grad16_report check_first_gradients(C& world, Model const& model, parity_options
         "the first step overflowed and was skipped at loss scale " + std::to_string(r.loss_scale);
     return rep;
   }
-  // The reference's gradients, and the run's gathered: max and min over the ranks of each
-  // element (-inf / +inf where a rank does not hold it), as in check_parity.
+  // The reference's gradients, and the run's gathered as check_parity gathers them (max and
+  // min over the ranks of each element), in double, divided by the loss scale.
   std::vector<std::string> names;
-  std::map<std::string, std::size_t> index;
-  std::vector<std::vector<double>> g_ref, hi, lo;
+  std::vector<std::size_t> sizes;
+  std::vector<std::vector<double>> g_ref;
   ref.for_each_parameter([&](auto& p) {
-    index[p.name()] = names.size();
     names.push_back(p.name());
+    sizes.push_back(p.size());
     auto s = p.grads();
     g_ref.emplace_back(s.begin(), s.end());
-    hi.emplace_back(s.size(), -std::numeric_limits<double>::infinity());
-    lo.emplace_back(s.size(), std::numeric_limits<double>::infinity());
   });
-  run.for_each_grad_piece([&](auto& p, std::size_t first, auto s) {
-    std::size_t const t = index.at(p.name());
-    for (std::size_t i = 0; i < s.size(); ++i)
-      hi[t][first + i] = lo[t][first + i] =
-          static_cast<double>(element_cast<float>(s[i])) / r.loss_scale;
-  });
-  for (std::size_t t = 0; t < names.size(); ++t) {
-    world.all_reduce(std::span<double>(hi[t]), comm::reduce_op::max);
-    world.all_reduce(std::span<double>(lo[t]), comm::reduce_op::min);
-  }
+  auto g = detail::gather<double>(run, world, names, sizes, true);
+  auto& hi = g.hi;
+  auto& lo = g.lo;
+  for (auto* side : {&hi, &lo})
+    for (auto& v : *side)
+      for (double& x : v)
+        x /= r.loss_scale; // -inf / +inf (not held) stay infinite
   rep.tensors = names.size();
   for (std::size_t t = 0; t < names.size(); ++t) {
     double d2 = 0, n2 = 0;
