@@ -495,6 +495,77 @@ void async(C& c, std::uint64_t seed, bool exact = true) {
     STRATA_CHECK(in[i] == value<std::int32_t>(key + 52, (r + n - 1) % n, i));
 }
 
+/// The queue: every communicator names its queue type, and each request can make a queue wait
+/// for it. On a host backend the queue is the host, so wait_on(q) completes the request and
+/// its results are there when it returns; a device backend's results are there once the host
+/// waits too, which a later wait() does.
+template <comm::communicator C>
+void queue(C& c, std::uint64_t seed, bool exact = true) {
+  using Q = typename C::queue_type;
+  constexpr bool host = std::is_same_v<Q, comm::host_queue>;
+  Q q{};
+  int const n = c.size(), r = c.rank();
+  std::uint64_t const key = mix(seed, 11);
+  std::size_t const count = 1021;
+  std::vector<float> a(count);
+  for (std::size_t i = 0; i < count; ++i)
+    a[i] = value<float>(key, r, i);
+  std::vector<std::int64_t> mine(count), all(count * static_cast<std::size_t>(n), -1);
+  for (std::size_t i = 0; i < count; ++i)
+    mine[i] = value<std::int64_t>(key + 1, r, i);
+  std::vector<double> rs_in(count * static_cast<std::size_t>(n)), rs_out(count, poison<double>());
+  for (std::size_t i = 0; i < rs_in.size(); ++i)
+    rs_in[i] = value<double>(key + 2, r, i);
+  std::vector<std::int32_t> bc(count), out(count), in(count, poison<std::int32_t>());
+  for (std::size_t i = 0; i < count; ++i) {
+    bc[i] = value<std::int32_t>(key + 3, r, i);
+    out[i] = value<std::int32_t>(key + 4, r, i);
+  }
+  comm::p2p const ops[] = {comm::p2p::send(std::span<std::int32_t const>(out), (r + 1) % n),
+                           comm::p2p::recv(std::span<std::int32_t>(in), (r + n - 1) % n)};
+  auto q1 = c.all_reduce_async(std::span<float>(a), reduce_op::sum);
+  auto q2 = c.all_gather_async(std::span<std::int64_t const>(mine), std::span<std::int64_t>(all));
+  auto q3 = c.reduce_scatter_async(std::span<double const>(rs_in), std::span<double>(rs_out),
+                                   reduce_op::max);
+  auto q4 = c.broadcast_async(std::span<std::int32_t>(bc), 0);
+  auto q5 = c.group_async(std::span<comm::p2p const>(ops));
+  // In reverse: wait_on completes earlier operations first, as wait() does.
+  q5.wait_on(q);
+  q4.wait_on(q);
+  q3.wait_on(q);
+  q2.wait_on(q);
+  q1.wait_on(q);
+  if constexpr (host)
+    STRATA_CHECK_MSG(q1.test() && q2.test() && q3.test() && q4.test() && q5.test(),
+                     "wait_on(host_queue) returned before its request completed");
+  q1.wait();
+  q2.wait();
+  q3.wait();
+  q4.wait();
+  q5.wait();
+  for (std::size_t i = 0; i < count; ++i) {
+    auto const sum_in = [&](int j) { return value<float>(key, j, i); };
+    float const want = reference<float>(reduce_op::sum, n, sum_in);
+    STRATA_CHECK_MSG(matches(a[i], want, exact, reduce_op::sum, n, sum_in),
+                     mismatch("all_reduce_async + wait_on", count, i, a[i], want, r));
+    std::size_t const g = static_cast<std::size_t>(r) * count + i;
+    auto const max_in = [&](int j) { return value<double>(key + 2, j, g); };
+    double const want_max = reference<double>(reduce_op::max, n, max_in);
+    STRATA_CHECK_MSG(same_bits(rs_out[i], want_max),
+                     mismatch("reduce_scatter_async + wait_on", count, i, rs_out[i], want_max, r));
+    STRATA_CHECK_MSG(bc[i] == value<std::int32_t>(key + 3, 0, i),
+                     "broadcast_async + wait_on: rank " + std::to_string(r) + " element " +
+                         std::to_string(i) + " is not the root's");
+    STRATA_CHECK_MSG(in[i] == value<std::int32_t>(key + 4, (r + n - 1) % n, i),
+                     "group_async + wait_on: rank " + std::to_string(r) + " element " +
+                         std::to_string(i) + " is not the left neighbour's");
+  }
+  for (std::size_t i = 0; i < all.size(); ++i)
+    STRATA_CHECK_MSG(all[i] == value<std::int64_t>(key + 1, static_cast<int>(i / count), i % count),
+                     "all_gather_async + wait_on: rank " + std::to_string(r) + " element " +
+                         std::to_string(i) + " is not its rank's");
+}
+
 /// The counters count what was called: calls and nccl-tests bytes per kind.
 template <comm::communicator C>
 void counters(C& c) {
@@ -537,6 +608,7 @@ void all(C& c, std::uint64_t seed, bool exact = true) {
   split(c, mix(seed, 6), exact);
   mesh(c);
   async(c, mix(seed, 7), exact);
+  queue(c, mix(seed, 8), exact);
   counters(c);
 }
 

@@ -28,6 +28,8 @@ STRATA_LOCAL_CONFORMANCE(conf::point_to_point(c, seed()),
 STRATA_LOCAL_CONFORMANCE(conf::split(c, seed()), "split orders by key and reduces per color")
 STRATA_LOCAL_CONFORMANCE(conf::mesh(c), "every mesh axis reduces over its own ranks")
 STRATA_LOCAL_CONFORMANCE(conf::async(c, seed()), "non-blocking operations complete in issue order")
+STRATA_LOCAL_CONFORMANCE(conf::queue(c, seed()),
+                         "every request makes the communicator's queue wait for it")
 STRATA_LOCAL_CONFORMANCE(conf::counters(c), "counters count calls and bytes per kind")
 
 TEST_CASE("local all_reduce gives the same bits on every rank and in every run",

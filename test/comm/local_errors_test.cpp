@@ -220,7 +220,10 @@ TEST_CASE("a send and receive that disagree in count raise comm_desync on both r
   }
 }
 
-TEST_CASE("a failed non-blocking operation raises at wait()", "[comm][local][errors]") {
+TEST_CASE("a failed non-blocking operation raises at wait() and at wait_on(queue)",
+          "[comm][local][errors]") {
+  bool const on_queue = GENERATE(false, true);
+  CAPTURE(on_queue);
   std::string text;
   REQUIRE_THROWS_AS(sc::local::run(
                         2,
@@ -232,7 +235,8 @@ TEST_CASE("a failed non-blocking operation raises at wait()", "[comm][local][err
                           }
                           auto req = c.all_reduce_async(std::span<float>(v), sc::reduce_op::sum);
                           try {
-                            req.wait();
+                            sc::local::communicator::queue_type q;
+                            on_queue ? req.wait_on(q) : req.wait();
                           } catch (strata::comm_error const& e) {
                             text = e.what();
                             throw;

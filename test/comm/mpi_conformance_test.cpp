@@ -63,6 +63,8 @@ STRATA_MPI_CONFORMANCE(conf::split(c, seed(), false), "split orders by key and r
 STRATA_MPI_CONFORMANCE(conf::mesh(c), "every mesh axis reduces over its own ranks")
 STRATA_MPI_CONFORMANCE(conf::async(c, seed(), false),
                        "non-blocking operations complete in issue order")
+STRATA_MPI_CONFORMANCE(conf::queue(c, seed(), false),
+                       "every request makes the communicator's queue wait for it")
 STRATA_MPI_CONFORMANCE(conf::counters(c), "counters count calls and bytes per kind")
 
 TEST_CASE("mpi counters count 16-bit reductions at the float width they travel in",

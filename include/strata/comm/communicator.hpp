@@ -3,6 +3,7 @@
 
 #include <strata/comm/counters.hpp>
 #include <strata/comm/p2p.hpp>
+#include <strata/comm/queue.hpp>
 #include <strata/comm/reduce_op.hpp>
 #include <strata/core/dtype.hpp>
 
@@ -17,6 +18,16 @@ template <class R>
 concept request = requires(R r) {
   r.wait();
   { r.test() } -> std::same_as<bool>;
+};
+
+/// A request whose completion a queue of type Q can wait for: `wait_on(q)` orders the work
+/// queued on q after the operation without blocking the host, as cudaStreamWaitEvent does
+/// for a device backend; the host does not wait, and the request's error (if any) is raised
+/// by wait() or by the queue's own synchronisation. A host backend's queue is the host
+/// (host_queue): its wait_on(q) is wait().
+template <class R, class Q>
+concept request_on = request<R> && requires(R r, Q& q) {
+  r.wait_on(q);
 };
 
 /// A group of ranks that run collectives together. Contracts, in the manner of nccl.h:
@@ -45,6 +56,12 @@ concept request = requires(R r) {
 /// - `*_async(...)`: the same operation, returning a request; buffers must stay valid and
 ///   untouched until it completes.
 /// - `counters()`: calls and bytes per op_kind on this rank (see comm_counters).
+/// - `queue_type`: the kind of queue the communicator's work is ordered on (a device
+///   backend's stream; host_queue for the host backends). The calls above take no queue: they
+///   run on the communicator's default queue (a device backend may add overloads that take
+///   one). A request makes a queue wait for it, `req.wait_on(q)`, so a device backend's compute
+///   can wait for communication without blocking the host. Host backends satisfy it
+///   trivially: their queue is the host, and wait_on is wait().
 ///
 /// Every blocking wait honours the communicator's timeout: on expiry every live rank raises
 /// comm_timeout naming the operation, its sequence number and the ranks that did not arrive.
@@ -54,6 +71,7 @@ concept communicator = std::movable<C> &&
              std::span<p2p const> ops, reduce_op op, int i) {
   { cc.rank() } -> std::same_as<int>;
   { cc.size() } -> std::same_as<int>;
+  typename C::queue_type;
   c.all_reduce(cs, s, op);
   c.all_reduce(s, op);
   c.reduce_scatter(cs, s, op);
@@ -65,12 +83,12 @@ concept communicator = std::movable<C> &&
   c.group(ops);
   c.barrier();
   { c.split(i, i) } -> std::same_as<C>;
-  { c.all_reduce_async(cs, s, op) } -> request;
-  { c.all_reduce_async(s, op) } -> request;
-  { c.reduce_scatter_async(cs, s, op) } -> request;
-  { c.all_gather_async(cs, s) } -> request;
-  { c.broadcast_async(s, i) } -> request;
-  { c.group_async(ops) } -> request;
+  { c.all_reduce_async(cs, s, op) } -> request_on<typename C::queue_type>;
+  { c.all_reduce_async(s, op) } -> request_on<typename C::queue_type>;
+  { c.reduce_scatter_async(cs, s, op) } -> request_on<typename C::queue_type>;
+  { c.all_gather_async(cs, s) } -> request_on<typename C::queue_type>;
+  { c.broadcast_async(s, i) } -> request_on<typename C::queue_type>;
+  { c.group_async(ops) } -> request_on<typename C::queue_type>;
   { cc.counters() } -> std::same_as<comm_counters const&>;
 };
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <strata/comm/communicator.hpp>
+#include <strata/comm/detail/arg_checks.hpp>
 #include <strata/comm/local/detail/async_engine.hpp>
 #include <strata/comm/local/detail/rank_state.hpp>
 #include <strata/comm/local/request.hpp>
@@ -24,6 +25,9 @@ namespace strata::comm::local {
 /// descriptors travel with the buffer pointers, so the check is free.
 class communicator {
 public:
+  /// The ranks are host threads: their work runs on the host, in program order.
+  using queue_type = host_queue;
+
   communicator(std::shared_ptr<detail::group_state> g, int rank)
       : state_(std::make_unique<detail::rank_state>(std::move(g), rank)) {}
 
@@ -123,18 +127,7 @@ public:
   request group_async(std::span<p2p const> ops) { return submit(group_record(ops, true)); }
 
 private:
-  [[noreturn]] void bad_size(char const* what, std::size_t a, char const* a_name, std::size_t b,
-                             char const* b_name) const {
-    throw config_error(std::string("strata: ") + what + " on rank " + std::to_string(rank()) +
-                       ": " + a_name + " has " + std::to_string(a) + " elements but " + b_name +
-                       " has " + std::to_string(b) + " (size() = " + std::to_string(size()) + ")");
-  }
-  void check_rank(char const* what, int r) const {
-    if (r < 0 || r >= size())
-      throw config_error(std::string("strata: ") + what + " on rank " + std::to_string(rank()) +
-                         " names rank " + std::to_string(r) + ", outside [0, " +
-                         std::to_string(size()) + ")");
-  }
+  comm::detail::arg_checks checks() const noexcept { return {rank(), size()}; }
 
   template <class T>
   detail::op_record make(op_kind k, std::span<T const> send, std::span<T> recv, std::size_t count,
@@ -150,8 +143,7 @@ private:
   }
   template <class T>
   detail::op_record all_reduce_record(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    if (send.size() != recv.size())
-      bad_size("all_reduce", send.size(), "send", recv.size(), "recv");
+    checks().all_reduce(send.size(), recv.size());
     auto rec = make(op_kind::all_reduce, send, recv, send.size(), send.size_bytes());
     rec.desc.op = op;
     return rec;
@@ -159,23 +151,19 @@ private:
   template <class T>
   detail::op_record reduce_scatter_record(std::span<T const> send, std::span<T> recv,
                                           reduce_op op) {
-    if (send.size() != recv.size() * static_cast<std::size_t>(size()))
-      bad_size("reduce_scatter", send.size(), "send", recv.size(), "recv times size()");
+    checks().reduce_scatter(send.size(), recv.size());
     auto rec = make(op_kind::reduce_scatter, send, recv, recv.size(), send.size_bytes());
     rec.desc.op = op;
     return rec;
   }
   template <class T>
   detail::op_record all_gather_record(std::span<T const> send, std::span<T> recv) {
-    if (recv.size() != send.size() * static_cast<std::size_t>(size()))
-      bad_size("all_gather", recv.size(), "recv", send.size(), "send times size()");
+    checks().all_gather(send.size(), recv.size());
     return make(op_kind::all_gather, send, recv, send.size(), recv.size_bytes());
   }
   template <class T>
   detail::op_record broadcast_record(std::span<T const> send, std::span<T> recv, int root) {
-    check_rank("broadcast root", root);
-    if (rank() == root && send.size() != recv.size())
-      bad_size("broadcast", send.size(), "send", recv.size(), "recv");
+    checks().broadcast(send.size(), recv.size(), root);
     auto rec = make(op_kind::broadcast, send, recv, recv.size(), recv.size_bytes());
     rec.desc.root = root;
     return rec;
@@ -185,7 +173,7 @@ private:
     rec.desc.kind = op_kind::send;
     bool self_send = false, self_recv = false;
     for (p2p const& op : ops) {
-      check_rank(op.dir == p2p::direction::send ? "send" : "recv", op.peer);
+      checks().peer(op.dir == p2p::direction::send ? "send" : "recv", op.peer);
       bool const is_send = op.dir == p2p::direction::send;
       (is_send ? self_send : self_recv) |= op.peer == rank();
       counters_.record(is_send ? op_kind::send : op_kind::recv, op.count * size_of(op.type));

@@ -1,23 +1,28 @@
 // The MPI backend's communicator: one rank per process, blocking MPI collectives, MPI's
 // non-blocking forms, counters, checked mode and a watchdog that never lets a job hang.
+// Each collective is written once (its checks, its counters, how MPI runs it) and issued
+// either way: blocking (MPI's blocking call) or not (a record of the ring, detail/ring.hpp).
 #pragma once
 
 #include <strata/comm/communicator.hpp>
+#include <strata/comm/detail/arg_checks.hpp>
 #include <strata/comm/detail/call_desc.hpp>
+#include <strata/comm/mpi/detail/operation.hpp>
+#include <strata/comm/mpi/detail/ring.hpp>
 #include <strata/comm/mpi/error.hpp>
 #include <strata/comm/mpi/progress.hpp>
 #include <strata/comm/mpi/types.hpp>
 #include <strata/comm/mpi/watchdog.hpp>
+#include <strata/comm/queue.hpp>
 
-#include <algorithm>
 #include <array>
 #include <atomic>
-#include <climits>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace strata::comm::mpi {
@@ -26,7 +31,6 @@ class communicator;
 
 namespace detail {
 
-using comm::detail::call_desc;
 using comm::detail::describe;
 
 /// What the communicators of one process share: options, the watchdog and the progress
@@ -44,239 +48,6 @@ constexpr std::uint64_t mix_id(std::uint64_t a, std::uint64_t b) noexcept {
   return (z ^ (z >> 31)) | 1u; // never 0
 }
 
-/// MPI cannot add 16-bit floats: their reductions travel widened to float.
-template <class T>
-inline constexpr bool widens = std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
-
-/// Widens 16-bit floats to float, or rounds floats back, for reductions MPI cannot do.
-inline void widen(dtype t, void const* src, float* dst, std::size_t n) noexcept {
-  if (t == dtype::f16)
-    for (std::size_t i = 0; i < n; ++i)
-      dst[i] = static_cast<float>(static_cast<f16 const*>(src)[i]);
-  else
-    for (std::size_t i = 0; i < n; ++i)
-      dst[i] = static_cast<float>(static_cast<bf16 const*>(src)[i]);
-}
-inline void narrow(dtype t, float const* src, void* dst, std::size_t n) noexcept {
-  if (t == dtype::f16)
-    for (std::size_t i = 0; i < n; ++i)
-      static_cast<f16*>(dst)[i] = f16(src[i]);
-  else
-    for (std::size_t i = 0; i < n; ++i)
-      static_cast<bf16*>(dst)[i] = bf16(src[i]);
-}
-
-/// recv[i] /= n, in the element type (integer division for integers, as NCCL's ncclAvg).
-/// Whole 64-byte blocks have a fixed trip count, which compilers vectorise at -O2 too: a
-/// scalar division loop took 1.7 ms for a 4 MiB bucket here, on the wait's critical path.
-inline void divide(dtype t, void* buf, std::size_t count, int n) noexcept {
-  auto go = [&]<class T>(T* __restrict p) {
-    constexpr std::size_t block = 64 / sizeof(T);
-    T const d = static_cast<T>(n);
-    std::size_t i = 0;
-    for (; i + block <= count; i += block)
-      for (std::size_t k = 0; k < block; ++k)
-        p[i + k] = static_cast<T>(p[i + k] / d);
-    for (; i < count; ++i)
-      p[i] = static_cast<T>(p[i] / d);
-  };
-  switch (t) {
-  case dtype::f32:
-    return go(static_cast<float*>(buf));
-  case dtype::f64:
-    return go(static_cast<double*>(buf));
-  case dtype::i32:
-    return go(static_cast<std::int32_t*>(buf));
-  case dtype::i64:
-    return go(static_cast<std::int64_t*>(buf));
-  default:
-    return; // 16-bit floats divide in float before rounding
-  }
-}
-
-inline int as_int(std::size_t count, char const* what) {
-  if (count > static_cast<std::size_t>(INT_MAX))
-    throw config_error(std::string("strata: ") + what + " of " + std::to_string(count) +
-                       " elements exceeds MPI's int count (" + std::to_string(INT_MAX) +
-                       "); split it into several calls");
-  return static_cast<int>(count);
-}
-
-/// A non-blocking operation: its MPI requests and the work left after MPI completes them.
-struct pending {
-  static constexpr std::size_t max_group = 16;
-  enum class finish : std::uint8_t { none, divide, narrow, narrow_divide, move_block };
-
-  std::uint64_t ticket = 0;
-  call_desc desc;
-  std::uint64_t seq = 0;
-  bool is_p2p = false;
-  int n_requests = 0;
-  std::array<MPI_Request, max_group> requests{};
-  std::array<MPI_Status, max_group> statuses{};
-  std::array<p2p, max_group> ops{}; // a group's operations, for the receive checks
-  bool done = false; // MPI completed it (rc, statuses) and the finish ran; under ring::mu
-  int rc = MPI_SUCCESS;
-  // Checked mode: the descriptor check (check_words, reduced with MPI_MIN on the check
-  // communicator) runs first; the operation is posted once it says every rank agrees.
-  bool checking = false;
-  bool mismatch = false; // the check failed: nothing was posted; the rank's thread reports
-  MPI_Request check_req = MPI_REQUEST_NULL;
-  std::array<std::int64_t, 10> check{};
-  // The collective to post: MPI_I<kind>(send, recv, n, type, op) (send may be MPI_IN_PLACE).
-  void const* send = nullptr;
-  void* recv = nullptr;
-  int n = 0;
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  MPI_Op op = MPI_OP_NULL;
-  finish how = finish::none;
-  void* out = nullptr;
-  void const* from = nullptr; // move_block: where MPI left the result
-  std::vector<float> scratch; // 16-bit floats widened (kept: no allocation once grown)
-};
-
-/// Checked mode's words: (kind, type, op, root, count) and their negations; after an
-/// MPI_MIN over the ranks, every rank agreed when each word is minus its negation's minimum.
-/// The kind carries whether the call is non-blocking: MPI matches a blocking collective only
-/// with a blocking one.
-inline constexpr std::int64_t non_blocking_bit = 256;
-inline std::array<std::int64_t, 10> check_words(call_desc const& d, bool non_blocking) noexcept {
-  std::array<std::int64_t, 5> const mine{
-      static_cast<std::int64_t>(d.kind) + (non_blocking ? non_blocking_bit : 0),
-      static_cast<std::int64_t>(d.type), static_cast<std::int64_t>(d.op), d.root,
-      static_cast<std::int64_t>(d.count)};
-  std::array<std::int64_t, 10> v{};
-  for (std::size_t i = 0; i < 5; ++i) {
-    v[i] = mine[i];
-    v[i + 5] = -mine[i];
-  }
-  return v;
-}
-inline bool agree(std::array<std::int64_t, 10> const& v) noexcept {
-  bool same = true;
-  for (std::size_t i = 0; i < 5; ++i)
-    same = same && v[i] == -v[i + 5];
-  return same;
-}
-
-/// Posts collective `p` on `comm`: its one MPI request.
-inline int post(pending& p, MPI_Comm comm) noexcept {
-  MPI_Request* r = &p.requests[0];
-  switch (p.desc.kind) {
-  case op_kind::all_reduce:
-    return MPI_Iallreduce(p.send, p.recv, p.n, p.type, p.op, comm, r);
-  case op_kind::reduce_scatter:
-    return MPI_Ireduce_scatter_block(p.send, p.recv, p.n, p.type, p.op, comm, r);
-  case op_kind::all_gather:
-    return MPI_Iallgather(p.send, p.n, p.type, p.recv, p.n, p.type, comm, r);
-  case op_kind::broadcast:
-    return MPI_Ibcast(p.recv, p.n, p.type, p.desc.root, comm, r);
-  default:
-    return MPI_ERR_OTHER;
-  }
-}
-
-/// After MPI completed collective `p` on a communicator of `size` ranks: the average's
-/// division, rounding 16-bit floats back, moving an in-place reduce_scatter's block.
-inline void finish(pending& p, int size) noexcept {
-  std::size_t const count = p.desc.count;
-  switch (p.how) {
-  case pending::finish::none:
-    break;
-  case pending::finish::divide:
-    divide(p.desc.type, p.out, count, size);
-    break;
-  case pending::finish::narrow_divide:
-    divide(dtype::f32, p.scratch.data(), count, size);
-    [[fallthrough]];
-  case pending::finish::narrow:
-    narrow(p.desc.type, p.scratch.data(), p.out, count);
-    break;
-  case pending::finish::move_block:
-    std::memmove(p.out, p.from, count * size_of(p.desc.type));
-    if (p.desc.op == reduce_op::avg)
-      divide(p.desc.type, p.out, count, size);
-    break;
-  }
-}
-
-/// A communicator's non-blocking operations: a fixed ring of records, completed in issue
-/// order by the rank's thread (wait, or a blocking call) or, as soon as MPI has finished
-/// them, by the progress thread. `mu` serialises completing (MPI forbids two threads
-/// completing one request); the progress thread only try_locks it.
-struct ring final : pollable {
-  static constexpr std::size_t size = 64;
-
-  std::array<pending, size> slots;
-  std::uint64_t issued = 0;             // the rank's thread only
-  std::atomic<std::uint64_t> posted{0}; // tickets <= posted have their MPI requests
-  std::uint64_t completed = 0;          // tickets <= completed are done with; written under mu
-  std::mutex mu;
-  int ranks = 0;                 // the communicator's size, for the average
-  MPI_Comm comm = MPI_COMM_NULL; // where the operations go
-  progress_thread* progress = nullptr;
-
-  pending& slot(std::uint64_t ticket) noexcept { return slots[(ticket - 1) % size]; }
-
-  /// Under mu: moves `p` on — its check, then posting it, then MPI_Waitall when `block` (else
-  /// MPI_Test / MPI_Testall) and its finish; true when it is done. Errors stay in p.rc (a
-  /// failed check in p.mismatch) for the rank's thread to raise. Called in ticket order
-  /// (advance), so operations are posted in issue order on every rank.
-  bool settle(pending& p, bool block) noexcept {
-    if (p.done)
-      return true;
-    if (p.checking) {
-      int flag = 1;
-      p.rc = block ? MPI_Wait(&p.check_req, MPI_STATUS_IGNORE)
-                   : MPI_Test(&p.check_req, &flag, MPI_STATUS_IGNORE);
-      if (!flag && p.rc == MPI_SUCCESS)
-        return false;
-      p.checking = false;
-      p.mismatch = p.rc == MPI_SUCCESS && !agree(p.check);
-      if (p.rc == MPI_SUCCESS && !p.mismatch)
-        p.rc = post(p, comm);
-      if (p.rc != MPI_SUCCESS || p.mismatch)
-        return conclude(p);
-    }
-    int flag = 1;
-    p.rc = block ? MPI_Waitall(p.n_requests, p.requests.data(), p.statuses.data())
-                 : MPI_Testall(p.n_requests, p.requests.data(), &flag, p.statuses.data());
-    if (!flag && p.rc == MPI_SUCCESS)
-      return false;
-    if (!p.is_p2p && p.rc == MPI_SUCCESS)
-      finish(p, ranks);
-    return conclude(p);
-  }
-
-  /// Under mu: settles tickets (completed, last] without blocking, in order; an operation
-  /// still being checked holds back the ones after it (they are posted after it). True when
-  /// ticket `last` is done.
-  bool advance(std::uint64_t last) noexcept {
-    bool done = false;
-    for (std::uint64_t t = completed + 1; t <= last; ++t) {
-      pending& p = slot(t);
-      done = settle(p, false);
-      if (!done && p.checking)
-        return false;
-    }
-    return done;
-  }
-
-  /// The progress thread's turn.
-  void poll() noexcept override {
-    std::unique_lock lock(mu, std::try_to_lock);
-    if (lock) // else the rank's thread is completing (and so progressing) them itself
-      advance(posted.load(std::memory_order_acquire));
-  }
-
-private:
-  bool conclude(pending& p) noexcept {
-    p.done = true;
-    progress->end();
-    return true;
-  }
-};
-
 } // namespace detail
 
 /// The MPI backend's request: completes an MPI request (and what follows it: the average's
@@ -287,6 +58,8 @@ public:
   request(communicator* c, std::uint64_t ticket) noexcept : comm_(c), ticket_(ticket) {}
   void wait();
   bool test();
+  /// Makes `q` wait for the operation: the host is the queue, so this is wait().
+  void wait_on(host_queue&) { wait(); }
 
 private:
   communicator* comm_ = nullptr;
@@ -318,6 +91,9 @@ class communicator {
   using call_desc = comm::detail::call_desc;
 
 public:
+  /// A process's work runs on the host, in program order.
+  using queue_type = host_queue;
+
   communicator(MPI_Comm comm, detail::context const* ctx, std::uint64_t id)
       : comm_(comm), ctx_(ctx), checked_(ctx->options.checked),
         ring_(std::make_unique<detail::ring>()) {
@@ -390,98 +166,27 @@ public:
 
   template <element T>
   void all_reduce(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    if (send.size() != recv.size())
-      bad_size("all_reduce", send.size(), "send", recv.size(), "recv");
-    counters_.record(op_kind::all_reduce, wire_bytes<T>(send.size()));
-    call_desc const d{op_kind::all_reduce, dtype_of<T>, op, 0, send.size()};
-    collective(d, [&] {
-      int const n = detail::as_int(d.count, "all_reduce");
-      if constexpr (detail::widens<T>) {
-        float* s = grow(scratch_, d.count);
-        detail::widen(d.type, send.data(), s, d.count);
-        check(MPI_Allreduce(MPI_IN_PLACE, s, n, MPI_FLOAT, detail::mpi_op(op), comm_),
-              "MPI_Allreduce");
-        if (op == reduce_op::avg)
-          detail::divide(dtype::f32, s, d.count, size_);
-        detail::narrow(d.type, s, recv.data(), d.count);
-      } else {
-        void const* in = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-        check(MPI_Allreduce(in, recv.data(), n, detail::transport_type(d.type), detail::mpi_op(op),
-                            comm_),
-              "MPI_Allreduce");
-        if (op == reduce_op::avg)
-          detail::divide(d.type, recv.data(), d.count, size_);
-      }
-    });
+    all_reduce_<mode::blocking>(send, recv, op);
   }
   template <element T>
   void all_reduce(std::span<T> buf, reduce_op op) {
     all_reduce(std::span<T const>(buf), buf, op);
   }
-
   template <element T>
   void reduce_scatter(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    check_reduce_scatter(send.size(), recv.size());
-    counters_.record(op_kind::reduce_scatter, wire_bytes<T>(send.size()));
-    call_desc const d{op_kind::reduce_scatter, dtype_of<T>, op, 0, recv.size()};
-    collective(d, [&] {
-      int const n = detail::as_int(d.count, "reduce_scatter");
-      if constexpr (detail::widens<T>) {
-        float* s = grow(scratch_, send.size());
-        detail::widen(d.type, send.data(), s, send.size());
-        check(MPI_Reduce_scatter_block(MPI_IN_PLACE, s, n, MPI_FLOAT, detail::mpi_op(op), comm_),
-              "MPI_Reduce_scatter_block");
-        if (op == reduce_op::avg)
-          detail::divide(dtype::f32, s, d.count, size_);
-        detail::narrow(d.type, s, recv.data(), d.count);
-      } else {
-        bool const in_place =
-            recv.data() == send.data() + static_cast<std::size_t>(rank_) * d.count;
-        // MPI's in-place form leaves the result at the start of the buffer.
-        T* out = in_place ? const_cast<T*>(send.data()) : recv.data();
-        check(MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : send.data(), out, n,
-                                       detail::transport_type(d.type), detail::mpi_op(op), comm_),
-              "MPI_Reduce_scatter_block");
-        if (in_place && out != recv.data())
-          std::memmove(recv.data(), out, recv.size_bytes());
-        if (op == reduce_op::avg)
-          detail::divide(d.type, recv.data(), d.count, size_);
-      }
-    });
+    reduce_scatter_<mode::blocking>(send, recv, op);
   }
-
   template <element T>
   void all_gather(std::span<T const> send, std::span<T> recv) {
-    check_all_gather(send.size(), recv.size());
-    counters_.record(op_kind::all_gather, recv.size_bytes());
-    call_desc const d{op_kind::all_gather, dtype_of<T>, reduce_op::sum, 0, send.size()};
-    collective(d, [&] {
-      int const n = detail::as_int(d.count, "all_gather");
-      MPI_Datatype const t = detail::transport_type(d.type);
-      bool const in_place = send.data() == recv.data() + static_cast<std::size_t>(rank_) * d.count;
-      check(MPI_Allgather(in_place ? MPI_IN_PLACE : send.data(), n, t, recv.data(), n, t, comm_),
-            "MPI_Allgather");
-    });
+    all_gather_<mode::blocking>(send, recv);
   }
-
   template <element T>
   void broadcast(std::span<T> buf, int root) {
     broadcast(std::span<T const>(buf), buf, root);
   }
   template <element T>
   void broadcast(std::span<T const> send, std::span<T> recv, int root) {
-    check_rank("broadcast root", root);
-    if (rank_ == root && send.size() != recv.size())
-      bad_size("broadcast", send.size(), "send", recv.size(), "recv");
-    counters_.record(op_kind::broadcast, recv.size_bytes());
-    call_desc const d{op_kind::broadcast, dtype_of<T>, reduce_op::sum, root, recv.size()};
-    collective(d, [&] {
-      if (rank_ == root && send.data() != recv.data() && !recv.empty())
-        std::memcpy(recv.data(), send.data(), recv.size_bytes());
-      check(MPI_Bcast(recv.data(), detail::as_int(d.count, "broadcast"),
-                      detail::transport_type(d.type), root, comm_),
-            "MPI_Bcast");
-    });
+    broadcast_<mode::blocking>(send, recv, root);
   }
 
   template <element T>
@@ -536,90 +241,23 @@ public:
 
   template <element T>
   request all_reduce_async(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    if (send.size() != recv.size())
-      bad_size("all_reduce", send.size(), "send", recv.size(), "recv");
-    counters_.record(op_kind::all_reduce, wire_bytes<T>(send.size()));
-    auto& p = start(call_desc{op_kind::all_reduce, dtype_of<T>, op, 0, send.size()});
-    p.n = detail::as_int(send.size(), "all_reduce");
-    p.op = detail::mpi_op(op);
-    p.out = recv.data();
-    if constexpr (detail::widens<T>) {
-      float* s = grow(p.scratch, send.size());
-      detail::widen(p.desc.type, send.data(), s, send.size());
-      p.send = MPI_IN_PLACE;
-      p.recv = s;
-      p.type = MPI_FLOAT;
-      p.how = op == reduce_op::avg ? detail::pending::finish::narrow_divide
-                                   : detail::pending::finish::narrow;
-    } else {
-      p.send = send.data() == recv.data() ? MPI_IN_PLACE : send.data();
-      p.recv = recv.data();
-      p.type = detail::transport_type(p.desc.type);
-      p.how =
-          op == reduce_op::avg ? detail::pending::finish::divide : detail::pending::finish::none;
-    }
-    return launch(p, "MPI_Iallreduce");
+    return all_reduce_<mode::non_blocking>(send, recv, op);
   }
   template <element T>
   request all_reduce_async(std::span<T> buf, reduce_op op) {
     return all_reduce_async(std::span<T const>(buf), buf, op);
   }
-
   template <element T>
   request reduce_scatter_async(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    check_reduce_scatter(send.size(), recv.size());
-    counters_.record(op_kind::reduce_scatter, wire_bytes<T>(send.size()));
-    auto& p = start(call_desc{op_kind::reduce_scatter, dtype_of<T>, op, 0, recv.size()});
-    p.n = detail::as_int(recv.size(), "reduce_scatter");
-    p.op = detail::mpi_op(op);
-    p.out = recv.data();
-    if constexpr (detail::widens<T>) {
-      float* s = grow(p.scratch, send.size());
-      detail::widen(p.desc.type, send.data(), s, send.size());
-      p.send = MPI_IN_PLACE;
-      p.recv = s;
-      p.type = MPI_FLOAT;
-      p.how = op == reduce_op::avg ? detail::pending::finish::narrow_divide
-                                   : detail::pending::finish::narrow;
-    } else {
-      bool const in_place =
-          recv.data() == send.data() + static_cast<std::size_t>(rank_) * recv.size();
-      // MPI's in-place form leaves the result at the start of the buffer.
-      T* out = in_place ? const_cast<T*>(send.data()) : recv.data();
-      p.send = in_place ? MPI_IN_PLACE : send.data();
-      p.recv = out;
-      p.type = detail::transport_type(p.desc.type);
-      p.how = out != recv.data()     ? detail::pending::finish::move_block
-              : op == reduce_op::avg ? detail::pending::finish::divide
-                                     : detail::pending::finish::none;
-      p.from = out;
-    }
-    return launch(p, "MPI_Ireduce_scatter_block");
+    return reduce_scatter_<mode::non_blocking>(send, recv, op);
   }
-
   template <element T>
   request all_gather_async(std::span<T const> send, std::span<T> recv) {
-    check_all_gather(send.size(), recv.size());
-    counters_.record(op_kind::all_gather, recv.size_bytes());
-    auto& p = start(call_desc{op_kind::all_gather, dtype_of<T>, reduce_op::sum, 0, send.size()});
-    p.n = detail::as_int(send.size(), "all_gather");
-    p.type = detail::transport_type(p.desc.type);
-    bool const in_place =
-        send.data() == recv.data() + static_cast<std::size_t>(rank_) * send.size();
-    p.send = in_place ? MPI_IN_PLACE : send.data();
-    p.recv = recv.data();
-    return launch(p, "MPI_Iallgather");
+    return all_gather_<mode::non_blocking>(send, recv);
   }
-
   template <element T>
   request broadcast_async(std::span<T> buf, int root) {
-    check_rank("broadcast root", root);
-    counters_.record(op_kind::broadcast, buf.size_bytes());
-    auto& p = start(call_desc{op_kind::broadcast, dtype_of<T>, reduce_op::sum, root, buf.size()});
-    p.n = detail::as_int(buf.size(), "broadcast");
-    p.type = detail::transport_type(p.desc.type);
-    p.recv = buf.data();
-    return launch(p, "MPI_Ibcast");
+    return broadcast_<mode::non_blocking>(std::span<T const>(buf), buf, root);
   }
 
   /// Copies `ops` (at most 16); the buffers they name must stay valid until completion.
@@ -651,6 +289,100 @@ private:
     communicator& c_;
   };
 
+  // The collectives, each written once: its argument checks and counters at the call, then
+  // how MPI runs it, filled in by issue() — after the ring drained and checked mode agreed
+  // when blocking, into the operation's ring record when not.
+  enum class mode { blocking, non_blocking };
+
+  template <mode M, element T>
+  auto all_reduce_(std::span<T const> send, std::span<T> recv, reduce_op op) {
+    checks().all_reduce(send.size(), recv.size());
+    return reduction_<M>(op_kind::all_reduce, send, recv, op);
+  }
+  template <mode M, element T>
+  auto reduce_scatter_(std::span<T const> send, std::span<T> recv, reduce_op op) {
+    checks().reduce_scatter(send.size(), recv.size());
+    return reduction_<M>(op_kind::reduce_scatter, send, recv, op);
+  }
+
+  // all_reduce and reduce_scatter: MPI reduces recv.size() elements (a reduce_scatter's
+  // block), in float for 16-bit floats; in place when recv is this rank's block of send.
+  template <mode M, element T>
+  auto reduction_(op_kind k, std::span<T const> send, std::span<T> recv, reduce_op op) {
+    counters_.record(k, wire_bytes<T>(send.size()));
+    return issue<M>({k, dtype_of<T>, op, 0, recv.size()}, [=, this](detail::operation& o,
+                                                                    std::vector<float>& scratch) {
+      bool const scatter = k == op_kind::reduce_scatter;
+      o.n = detail::as_int(recv.size(), scatter ? "reduce_scatter" : "all_reduce");
+      o.op = detail::mpi_op(op);
+      o.out = recv.data();
+      if constexpr (detail::widens<T>) {
+        detail::reduce_widened(o, send.data(), send.size(), scratch);
+      } else {
+        std::size_t const block = scatter ? static_cast<std::size_t>(rank_) * recv.size() : 0;
+        bool const in_place = recv.data() == send.data() + block;
+        // MPI's in-place form leaves the result at the start of the buffer.
+        o.send = in_place ? MPI_IN_PLACE : send.data();
+        o.recv = in_place ? const_cast<T*>(send.data()) : recv.data();
+        detail::reduce_native(o);
+        if (o.recv != o.out)
+          o.how = detail::operation::finish::move_block;
+      }
+    });
+  }
+
+  template <mode M, element T>
+  auto all_gather_(std::span<T const> send, std::span<T> recv) {
+    checks().all_gather(send.size(), recv.size());
+    counters_.record(op_kind::all_gather, recv.size_bytes());
+    return issue<M>({op_kind::all_gather, dtype_of<T>, reduce_op::sum, 0, send.size()},
+                    [=, this](detail::operation& o, std::vector<float>&) {
+                      o.n = detail::as_int(send.size(), "all_gather");
+                      o.type = detail::transport_type(o.desc.type);
+                      bool const in_place =
+                          send.data() ==
+                          recv.data() + static_cast<std::size_t>(rank_) * send.size();
+                      o.send = in_place ? MPI_IN_PLACE : send.data();
+                      o.recv = recv.data();
+                    });
+  }
+
+  template <mode M, element T>
+  auto broadcast_(std::span<T const> send, std::span<T> recv, int root) {
+    checks().broadcast(send.size(), recv.size(), root);
+    counters_.record(op_kind::broadcast, recv.size_bytes());
+    return issue<M>({op_kind::broadcast, dtype_of<T>, reduce_op::sum, root, recv.size()},
+                    [=, this](detail::operation& o, std::vector<float>&) {
+                      if (rank_ == root && send.data() != recv.data() && !recv.empty())
+                        std::memcpy(recv.data(), send.data(), recv.size_bytes());
+                      o.n = detail::as_int(recv.size(), "broadcast");
+                      o.type = detail::transport_type(o.desc.type);
+                      o.recv = recv.data();
+                    });
+  }
+
+  // Blocking: after the earlier non-blocking operations, checked, MPI's blocking call and its
+  // finish, with scratch_ for widened floats. Non-blocking: a ring record, its own scratch.
+  template <mode M, class Fill>
+  auto issue(call_desc const& d, Fill fill) {
+    if constexpr (M == mode::blocking) {
+      collective(d, [&] {
+        detail::operation o{d};
+        fill(o, scratch_);
+        char const* call = nullptr;
+        int const rc = detail::invoke(o, comm_, nullptr, call);
+        check(rc, call);
+        detail::finish(o, size_);
+      });
+    } else {
+      detail::pending& p = start(d);
+      fill(p.call, p.scratch);
+      return launch(p);
+    }
+  }
+
+  comm::detail::arg_checks checks() const noexcept { return {rank_, size_}; }
+
   void release() noexcept {
     if (comm_ == MPI_COMM_NULL)
       return;
@@ -680,42 +412,15 @@ private:
     return n * (detail::widens<T> ? sizeof(float) : sizeof(T));
   }
 
-  template <class V>
-  static float* grow(V& v, std::size_t n) {
-    if (v.size() < n)
-      v.resize(n);
-    return v.data();
-  }
-
   void check(int rc, char const* call) const {
     if (rc != MPI_SUCCESS)
       comm::detail::check_mpi(rc, call, __FILE__, __LINE__);
   }
 
-  [[noreturn]] void bad_size(char const* what, std::size_t a, char const* a_name, std::size_t b,
-                             char const* b_name) const {
-    throw config_error(std::string("strata: ") + what + " on rank " + std::to_string(rank_) + ": " +
-                       a_name + " has " + std::to_string(a) + " elements but " + b_name + " has " +
-                       std::to_string(b) + " (size() = " + std::to_string(size_) + ")");
-  }
-  void check_rank(char const* what, int r) const {
-    if (r < 0 || r >= size_)
-      throw config_error(std::string("strata: ") + what + " on rank " + std::to_string(rank_) +
-                         " names rank " + std::to_string(r) + ", outside [0, " +
-                         std::to_string(size_) + ")");
-  }
-  void check_reduce_scatter(std::size_t send, std::size_t recv) const {
-    if (send != recv * static_cast<std::size_t>(size_))
-      bad_size("reduce_scatter", send, "send", recv, "recv times size()");
-  }
-  void check_all_gather(std::size_t send, std::size_t recv) const {
-    if (recv != send * static_cast<std::size_t>(size_))
-      bad_size("all_gather", recv, "recv", send, "send times size()");
-  }
   void check_group(std::span<p2p const> ops) {
     for (p2p const& op : ops) {
       bool const is_send = op.dir == p2p::direction::send;
-      check_rank(is_send ? "send" : "recv", op.peer);
+      checks().peer(is_send ? "send" : "recv", op.peer);
       counters_.record(is_send ? op_kind::send : op_kind::recv, op.count * size_of(op.type));
     }
   }
@@ -823,36 +528,30 @@ private:
     detail::pending& p = ring_->slots[ring_->issued % ring_size];
     p.ticket = ++ring_->issued;
     ctx_->progress->begin(); // ended by ring::settle
-    p.desc = d;
+    p.call = detail::operation{d};
     p.seq = p2p ? ++p2p_seq_ : seq_;
     p.is_p2p = p2p;
-    p.how = detail::pending::finish::none;
-    p.out = nullptr;
-    p.from = nullptr;
     p.n_requests = 0;
     p.done = false;
     p.rc = MPI_SUCCESS;
     p.checking = false;
     p.mismatch = false;
-    p.send = nullptr;
-    p.recv = nullptr;
-    p.n = 0;
-    p.type = MPI_DATATYPE_NULL;
-    p.op = MPI_OP_NULL;
     return p;
   }
 
   // A collective's record is filled in: in checked mode its check goes out (the progress
   // thread, or the rank's next wait, posts it once every rank agreed), else it goes out now.
-  request launch(detail::pending& p, char const* call) {
+  request launch(detail::pending& p) {
     if (checked_) {
-      p.check = detail::check_words(p.desc, true);
+      p.check = detail::check_words(p.call.desc, true);
       check(MPI_Iallreduce(MPI_IN_PLACE, p.check.data(), 10, MPI_INT64_T, MPI_MIN, check_,
                            &p.check_req),
             "MPI_Iallreduce (checked mode)");
       p.checking = true;
     } else {
-      check(detail::post(p, comm_), call);
+      char const* call = nullptr;
+      int const rc = detail::invoke(p.call, comm_, &p.requests[0], call);
+      check(rc, call);
     }
     p.n_requests = 1;
     request r = publish(p);
@@ -876,7 +575,7 @@ private:
         std::lock_guard lock(ring_->mu);
         ring_->completed++; // even if it failed, the slot is done with
         if (!p.done) {
-          guard g(*this, p.seq, p.desc, p.is_p2p);
+          guard g(*this, p.seq, p.call.desc, p.is_p2p);
           ring_->settle(p, true);
         }
       }
@@ -884,7 +583,7 @@ private:
         check_received(std::span<p2p const>(p.ops.data(), static_cast<std::size_t>(p.n_requests)),
                        p.statuses.data(), p.rc, p.seq);
       else if (p.mismatch)
-        report_mismatch(p.desc, p.seq, true);
+        report_mismatch(p.call.desc, p.seq, true);
       else
         check(p.rc, "MPI_Wait");
     }

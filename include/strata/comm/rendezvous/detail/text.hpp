@@ -1,0 +1,71 @@
+// How the tcp_store names things in its messages: endpoints, durations, keys; and the
+// decimal integers add() keeps.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+
+namespace strata::comm::detail {
+
+inline std::string endpoint_text(std::string const& host, std::uint16_t port) {
+  bool const ipv6 = host.find(':') != std::string::npos;
+  return (ipv6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+inline std::string seconds_text(std::chrono::nanoseconds d) {
+  double const s = std::chrono::duration<double>(d).count();
+  char buf[48];
+  std::snprintf(buf, sizeof buf, s >= 1.0 ? "%.1f s" : "%.2f s", s);
+  return buf;
+}
+
+// A key as it appears in a message: quoted, non-printable bytes escaped, long keys cut, so
+// that binary keys cannot garble a log line.
+inline std::string quoted(std::string_view s) {
+  constexpr std::size_t max_shown = 160;
+  std::string out = "\"";
+  for (std::size_t i = 0; i < s.size() && i < max_shown; ++i) {
+    auto const c = static_cast<unsigned char>(s[i]);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  if (s.size() > max_shown)
+    out += "...(" + std::to_string(s.size()) + " bytes)";
+  return out + "\"";
+}
+
+inline bool parse_decimal(std::string_view s, std::int64_t& out) {
+  if (s.empty())
+    return false;
+  std::size_t i = 0;
+  bool const negative = s[0] == '-';
+  if (negative || s[0] == '+')
+    i = 1;
+  if (i == s.size())
+    return false;
+  std::int64_t v = 0;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9')
+      return false;
+    int const digit = s[i] - '0';
+    if (__builtin_mul_overflow(v, 10, &v) ||
+        (negative ? __builtin_sub_overflow(v, digit, &v) : __builtin_add_overflow(v, digit, &v)))
+      return false;
+  }
+  out = v;
+  return true;
+}
+
+} // namespace strata::comm::detail
