@@ -94,7 +94,8 @@ held measure(int n) {
     h.communication = l.peak(st::memory_kind::communication);
     h.psi = t.parameter_count();
     h.element = sizeof(value_t);
-    h.master = t.state().master.size() * sizeof(float);
+    if (auto const* pp = t.template find_pass<st::policy::precision_pass<value_t>>())
+      h.master = pp->master().size() * sizeof(float);
     if (auto* sp =
             dynamic_cast<st::parallel::sharded_pass<value_t, comm_t>*>(t.passes()[0].get())) {
       h.slots = sp->gather_slots();

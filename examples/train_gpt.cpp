@@ -158,38 +158,38 @@ options parse(int argc, char** argv) {
   return o;
 }
 
-// The layout as a plan descriptor, assembled from the descriptors of compile-time plans.
-st::plan_descriptor layout_of(options const& o) {
-  st::plan_descriptor d;
-  if (o.zero == 0)
-    d.data_parallel = st::plan<st::data_parallel<>>::descriptor().data_parallel;
-  else if (o.zero == 1)
-    d.sharded = st::plan<st::sharded<st::zero<1>>>::descriptor().sharded;
-  else if (o.zero == 2)
-    d.sharded = st::plan<st::sharded<st::zero<2>>>::descriptor().sharded;
-  else
-    d.sharded = st::plan<st::sharded<st::zero<3>>>::descriptor().sharded;
-  d.tensor_parallel.enabled = true;
-  if (o.pp > 1) {
-    using m1 = st::micro_batches<1>;
-    if (o.schedule == "gpipe")
-      d.pipeline = st::plan<st::pipeline_parallel<st::gpipe, m1>>::descriptor().pipeline;
-    else if (o.schedule == "1f1b")
-      d.pipeline = st::plan<st::pipeline_parallel<st::one_f_one_b, m1>>::descriptor().pipeline;
-    else
-      d.pipeline = st::plan<st::pipeline_parallel<st::interleaved<2>, m1>>::descriptor().pipeline;
+// The layout as options by name, each option's settings parsed from the flags (no plan type
+// per layout): the trainer builds each through its option_traits, as it does a plan<...>'s.
+st::runtime_layout layout_of(options const& o) {
+  st::runtime_layout l;
+  l.micro_batches = o.micro_batches;
+  if (o.zero == 0) {
+    l.add<st::data_parallel<>>();
+  } else {
+    auto z = st::option_traits<st::sharded<st::zero<1>>>::options(); // the defaults
+    z.stage = o.zero;
+    l.add("sharded", z);
   }
-  d.micro_batches = o.micro_batches;
+  l.add<st::tensor_parallel<>>();
+  if (o.pp > 1) {
+    st::plan_descriptor::pipeline_desc p{};
+    p.enabled = true;
+    p.schedule = o.schedule == "gpipe" ? 0 : o.schedule == "1f1b" ? 1 : 2;
+    p.chunks = o.schedule == "interleaved" ? 2 : 1;
+    l.add("pipeline_parallel", p);
+  }
+  st::recompute_options r{};
   if (o.recompute == "full")
-    d.recompute.every = 1;
+    r.every = 1;
   else if (o.recompute == "selective")
-    d.recompute.selective = true;
+    r.selective = true;
   else if (o.recompute == "offload")
-    d.recompute.every = 1, d.recompute.offload = true;
+    r.every = 1, r.offload = true;
   else if (o.recompute.rfind("every:", 0) == 0)
-    d.recompute.every = std::strtoul(o.recompute.c_str() + 6, nullptr, 10);
-  d.precision.kind = o.precision == "bf16" ? 1 : o.precision == "fp16" ? 2 : 0;
-  return d;
+    r.every = std::strtoul(o.recompute.c_str() + 6, nullptr, 10);
+  if (r.every > 0 || r.selective)
+    l.add("recompute", r);
+  return l;
 }
 
 double mib(std::size_t bytes) {

@@ -159,7 +159,10 @@ mp_figures mp_measure(mp_trainer<Precision>& t, mp_trainer<precision::fp32>* fp3
     f.fp32_peak = peaks_of(*fp32);
   }
   f.peak = peaks_of(t);
-  f.master_bytes = t.state().master.size() * sizeof(float);
+  using trainer_t = std::remove_cvref_t<decltype(t)>;
+  if (auto const* pp =
+          t.template find_pass<st::policy::precision_pass<typename trainer_t::value_type>>())
+    f.master_bytes = pp->master().size() * sizeof(float);
   return f;
 }
 

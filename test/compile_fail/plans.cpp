@@ -13,7 +13,9 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <string_view>
 
 namespace st = strata;
 
@@ -233,6 +235,28 @@ using plan = st::plan<st::recompute::offload<st::recompute::every<2>>>;
 static_assert(plan::descriptor().recompute.offload && plan::descriptor().recompute.every == 2);
 #else
 using plan = st::plan<st::recompute::offload<st::recompute::selective>>;
+#endif
+constexpr auto d = plan::descriptor();
+
+#elif STRATA_CASE == 25 // a user's strategy over a mesh axis another option already uses
+struct my_strategy {};
+template <>
+struct st::option_traits<my_strategy> {
+  static constexpr std::string_view name = "my_strategy";
+  static constexpr std::string_view axis = "dp";
+  static constexpr int fold = folds::data_parallel;
+  using options_type = int;
+  static constexpr int options() noexcept { return 0; }
+  static void check(int, plan_context const&) {}
+  template <class T, class R, class D, class C>
+  static std::unique_ptr<engine::pass<T, D>> make_pass(int, pass_context<C>&) {
+    return nullptr;
+  }
+};
+#ifdef STRATA_TWIN
+using plan = st::plan<my_strategy, st::tensor_parallel<>>;
+#else
+using plan = st::plan<st::data_parallel<>, my_strategy>;
 #endif
 constexpr auto d = plan::descriptor();
 

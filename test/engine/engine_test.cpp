@@ -121,15 +121,15 @@ TEST_CASE("the trainer lays parameters out flat, in backward order, initialised 
   std::size_t const n = 16 * 24 + 24 + 24 * 24 + 24 + 24 * 5 + 5;
   CHECK(t.parameter_count() == n);
   // The last layer's parameters come first; each parameter is a view into the flat buffers.
-  REQUIRE(s.params.size() == 6);
-  CHECK(s.params[0].p->name() == "fc2.bias");
-  CHECK(s.params[0].offset == 0);
-  CHECK(s.params[1].p->name() == "fc2.weight");
-  CHECK(s.params[1].offset == 5);
-  CHECK(s.params.back().p->name() == "fc0.weight");
-  for (auto const& e : s.params) {
-    CHECK(e.p->values().data() == s.values.data() + e.offset);
-    CHECK(e.p->grads().data() == s.grads.data() + e.offset);
+  REQUIRE(s.flat().params.size() == 6);
+  CHECK(s.flat().params[0].p->name() == "fc2.bias");
+  CHECK(s.flat().params[0].offset == 0);
+  CHECK(s.flat().params[1].p->name() == "fc2.weight");
+  CHECK(s.flat().params[1].offset == 5);
+  CHECK(s.flat().params.back().p->name() == "fc0.weight");
+  for (auto const& e : s.flat().params) {
+    CHECK(e.p->values().data() == s.flat().values.data() + e.offset);
+    CHECK(e.p->grads().data() == s.flat().grads.data() + e.offset);
   }
   // Deferred construction: the parameter bytes are the flat buffer's, nothing else.
   CHECK(t.ledger().peak(st::memory_kind::parameters) == n * sizeof(float));
@@ -157,10 +157,11 @@ TEST_CASE("evaluate gives the step's loss and changes nothing", "[engine][traine
   }
   eng::batch_view<double> b{3, 8, tok, {}, tgt};
   double const e0 = t.evaluate(b);
-  std::vector<double> before(t.state().values.span().begin(), t.state().values.span().end());
+  std::vector<double> before(t.state().flat().values.span().begin(),
+                             t.state().flat().values.span().end());
   double const e0_again = t.evaluate(b);
   CHECK(e0 == e0_again);
-  CHECK(std::equal(before.begin(), before.end(), t.state().values.span().begin()));
+  CHECK(std::equal(before.begin(), before.end(), t.state().flat().values.span().begin()));
   CHECK(t.optimizer().step_count() == 0);
   CHECK(t.steps() == 0);
   // The loss starts near log(vocab) and the step reports it (dropout makes training differ).

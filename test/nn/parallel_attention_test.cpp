@@ -1,9 +1,9 @@
-// strata::nn tensor parallelism: attention with its heads split over the tp group, and the GPT
-// block built from the parallel layers, on the local backend (tp = 1, 2, 4 ranks as threads)
-// against causal_self_attention and transformer_block on the gathered logical weights:
-// initialisation, forward, backward (input and every parameter gradient), divisibility errors;
-// with sequence parallel (each rank given its rows), also sequence_parallel_layer_norm, and the
-// layer norms' gradients reduced in the step's last micro-batch only.
+// strata::nn tensor parallelism of attention (its heads split over the tp group), the GPT block
+// and the sequence-parallel layer norm, on a tp group of the local backend (tp = 1, 2, 4 ranks
+// as threads) against the same layers at tp = 1 (their shards gathered): initialisation,
+// forward, backward (input and every parameter gradient), divisibility errors; with sequence
+// parallel (each rank given its rows), and the layer norms' gradients reduced in the backwards
+// that carry grads_complete only; without a group, sequence parallel changes nothing.
 #include "../support/seed.hpp"
 #include "gradcheck.hpp"
 #include "tp_support.hpp"
@@ -14,11 +14,7 @@
 #include <strata/nn/layer.hpp>
 #include <strata/nn/layer_norm.hpp>
 #include <strata/nn/mlp.hpp>
-#include <strata/nn/parallel_attention.hpp>
-#include <strata/nn/parallel_transformer_block.hpp>
 #include <strata/nn/parameter.hpp>
-#include <strata/nn/sequence_parallel.hpp>
-#include <strata/nn/tensor_parallel.hpp>
 #include <strata/nn/transformer_block.hpp>
 
 #include <catch2/catch.hpp>
@@ -36,213 +32,85 @@ using nn::test::randomize;
 using nn::test::rel_error;
 using namespace strata::nn::test::tp;
 
-static_assert(nn::layer<nn::parallel_causal_self_attention<double>>);
-static_assert(nn::layer<nn::parallel_causal_self_attention<float>>);
-static_assert(nn::layer<nn::parallel_causal_self_attention<strata::bf16>>);
-static_assert(nn::layer<nn::parallel_transformer_block<double>>);
-static_assert(nn::layer<nn::parallel_transformer_block<float>>);
+static_assert(nn::layer<nn::causal_self_attention<strata::bf16>>);
+static_assert(nn::layer<nn::transformer_block<strata::bf16>>);
+// The Megatron names are the same layers.
+static_assert(
+    std::same_as<nn::parallel_causal_self_attention<float>, nn::causal_self_attention<float>>);
+static_assert(std::same_as<nn::parallel_transformer_block<float>, nn::transformer_block<float>>);
+static_assert(std::same_as<nn::sequence_parallel_layer_norm<float>, nn::layer_norm<float>>);
 
 namespace {
 
-/// The same parameter names, logical sizes and (same seed) logical values in `par` as in
-/// `ref`, bit for bit; then random values (non-zero biases, non-one norms) from the test seed
-/// in `ref`, copied into `par`'s shards.
-template <class Ref, class Par>
-void init_and_share(nn::tp_ops& ops, int tp, Ref& ref, Par& par, std::string const& tag) {
-  auto rp = parameters_of(ref);
-  auto pp = parameters_of(par);
-  STRATA_CHECK_MSG(rp.size() == pp.size(), tag + ": parameter counts differ");
-  // The same names, logical sizes, and (same seed) the same logical values, bit for bit.
-  std::uint64_t const seed = strata::test::seed();
-  nn::init_parameters(ref, seed);
-  nn::init_parameters(par, seed);
-  for (std::size_t i = 0; i < rp.size(); ++i) {
-    STRATA_CHECK_MSG(pp[i]->name() == rp[i]->name(), tag + ": " + pp[i]->name());
-    STRATA_CHECK_MSG(pp[i]->full_size() == rp[i]->size(), tag + ": size of " + rp[i]->name());
-    STRATA_CHECK_MSG(pp[i]->size() * (pp[i]->sharded() ? static_cast<std::size_t>(tp) : 1) ==
-                         rp[i]->size(),
-                     tag + ": shard size of " + rp[i]->name());
-    vec const full = gather_logical(ops, tp, *pp[i], values_of(*pp[i]));
-    auto const want = values_of(*rp[i]);
-    for (std::size_t j = 0; j < full.size(); ++j)
-      STRATA_CHECK_MSG(full[j] == want[j],
-                       tag + ": init of " + rp[i]->name() + " differs at " + std::to_string(j));
-  }
-  // Random weights (non-zero biases, non-one norms) from the test seed, copied into the shards.
-  nn::test::randomize_parameters(ref);
-  for (std::size_t i = 0; i < rp.size(); ++i) {
-    vec const w = shard_of(*pp[i], values_of(*rp[i]));
-    std::copy(w.begin(), w.end(), pp[i]->values().begin());
-  }
-}
-
-/// On one rank of a tp group: the parallel layer `par` against the plain layer `ref` (built
-/// on every rank, run without the group) on rows x d activations.
-template <class Ref, class Par>
-void parity(nn::tp_ops& ops, int tp, nn::layer_context const& ctx, Ref& ref, Par& par,
-            std::size_t d, std::string const& tag) {
-  std::size_t const rows = ctx.rows();
-  auto rp = parameters_of(ref);
-  auto pp = parameters_of(par);
-  init_and_share(ops, tp, ref, par, tag);
-
-  vec x(rows * d), dy(rows * d);
-  randomize(std::span<double>(x), "tp.attn.x");
-  randomize(std::span<double>(dy), "tp.attn.dy");
-  nn::layer_context rctx = ctx;
-  rctx.tp = nullptr;
-  vec yref(rows * d), dxref(rows * d);
-  typename Ref::saved_type rs;
-  ref.forward(rctx, {x.data(), {rows, d}}, {yref.data(), {rows, d}}, rs);
-  ref.backward(rctx, {x.data(), {rows, d}}, rs, {dy.data(), {rows, d}}, {dxref.data(), {rows, d}});
-
-  vec y(rows * d), dx(rows * d);
-  typename Par::saved_type ps;
-  for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
-    nn::zero_grad(par);
-    par.forward(ctx, {x.data(), {rows, d}}, {y.data(), {rows, d}}, ps);
-    par.backward(ctx, {x.data(), {rows, d}}, ps, {dy.data(), {rows, d}}, {dx.data(), {rows, d}});
-    check_close(cspan(y), cspan(yref), tag + "y", tp);
-    check_close(cspan(dx), cspan(dxref), tag + "dx", tp);
-    for (std::size_t i = 0; i < rp.size(); ++i) {
-      vec const g = gather_logical(ops, tp, *pp[i], grads_of(*pp[i]));
-      check_close(cspan(g), grads_of(*rp[i]), tag + "d " + rp[i]->name(), tp);
-    }
-  }
-}
-
-void attention_case(int tp) {
+// Attention with its heads split; under sequence parallel x and y hold this rank's rows.
+void attention_case(int tp, bool sp) {
   std::size_t const d = 16, heads = 4;
-  on_ranks(tp, batch_ctx(2, 3), [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int) {
-    auto const t = static_cast<std::size_t>(tp);
-    nn::causal_self_attention<double> ref("blocks.3.attn", d, heads,
-                                          {nn::init_rule::kind::normal, 0.01});
-    nn::parallel_causal_self_attention<double> par("blocks.3.attn", d, heads, &g,
-                                                   {nn::init_rule::kind::normal, 0.01});
-    STRATA_CHECK(par.local_heads() == heads / t && par.local_features() == d / t);
-    STRATA_CHECK(par.core().heads() == heads / t && par.core().features() == d / t);
-    auto qs = par.qkv_weight().shape();
-    STRATA_CHECK(qs.size() == 3 && qs[0] == 3 && qs[1] == d / t && qs[2] == d);
-    auto qf = par.qkv_weight().full_shape();
-    STRATA_CHECK(qf.size() == 3 && qf[0] == 3 && qf[1] == d && qf[2] == d);
-    STRATA_CHECK(par.qkv_bias().size() == 3 * d / t);
-    STRATA_CHECK(par.proj().weight().shape()[0] == d && par.proj().weight().shape()[1] == d / t);
-    STRATA_CHECK(par.proj().bias().size() == d);
-    parity(ops, tp, ctx, ref, par, d, "attn tp=" + std::to_string(tp) + " ");
-  });
-}
-
-void block_case(int tp, double p) {
-  nn::block_options o;
-  o.features = 16;
-  o.heads = 4;
-  o.hidden = 32;
-  o.dropout = p;
-  o.n_layers = 2;
-  nn::layer_context base = batch_ctx(2, 4);
-  base.step = 3;
-  base.seed = strata::test::seed();
-  on_ranks(tp, base, [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int) {
-    nn::transformer_block<double> ref("blocks.1", o);
-    nn::parallel_transformer_block<double> par("blocks.1", o, &g);
-    STRATA_CHECK(par.fc().local_out_features() == o.hidden / static_cast<std::size_t>(tp));
-    parity(ops, tp, ctx, ref, par, o.features,
-           "block tp=" + std::to_string(tp) + " dropout " + std::to_string(p) + " ");
-  });
-}
-
-/// Sequence parallel, on one rank of a tp group: `par` takes this rank's rows of x and dy
-/// ([rows/tp, d], rows rank * rows/tp ..) and gives its rows of y and dx; the ranks'
-/// concatenations must be `ref`'s y and dx on every row, and every gradient (gathered from
-/// the shards, or replicated) `ref`'s. ctx describes the whole micro-batch.
-template <class Ref, class Par>
-void sp_parity(nn::tp_ops& ops, int tp, int rank, nn::layer_context const& ctx, Ref& ref, Par& par,
-               std::size_t d, std::string const& tag) {
-  std::size_t const rows = ctx.rows(), lr = rows / static_cast<std::size_t>(tp);
-  STRATA_CHECK_MSG(par.input_row_split() == tp && par.output_row_split() == tp,
-                   tag + ": row splits");
-  auto rp = parameters_of(ref);
-  auto pp = parameters_of(par);
-  init_and_share(ops, tp, ref, par, tag);
-
-  vec x(rows * d), dy(rows * d);
-  randomize(std::span<double>(x), "tp.sp.x");
-  randomize(std::span<double>(dy), "tp.sp.dy");
-  nn::layer_context rctx = ctx;
-  rctx.tp = nullptr;
-  vec yref(rows * d), dxref(rows * d);
-  typename Ref::saved_type rs;
-  ref.forward(rctx, {x.data(), {rows, d}}, {yref.data(), {rows, d}}, rs);
-  ref.backward(rctx, {x.data(), {rows, d}}, rs, {dy.data(), {rows, d}}, {dxref.data(), {rows, d}});
-
-  vec const xl = rank_rows(x, d, tp, rank), dyl = rank_rows(dy, d, tp, rank);
-  vec y(lr * d), dx(lr * d);
-  typename Par::saved_type ps;
-  for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
-    nn::zero_grad(par);
-    par.forward(ctx, {xl.data(), {lr, d}}, {y.data(), {lr, d}}, ps);
-    par.backward(ctx, {xl.data(), {lr, d}}, ps, {dyl.data(), {lr, d}}, {dx.data(), {lr, d}});
-    check_close(cspan(gather_rows(ops, tp, cspan(y))), cspan(yref), tag + "y", tp);
-    check_close(cspan(gather_rows(ops, tp, cspan(dx))), cspan(dxref), tag + "dx", tp);
-    for (std::size_t i = 0; i < rp.size(); ++i) {
-      vec const g = gather_logical(ops, tp, *pp[i], grads_of(*pp[i]));
-      check_close(cspan(g), grads_of(*rp[i]), tag + "d " + rp[i]->name(), tp);
-    }
-  }
-}
-
-void attention_sp_case(int tp) {
-  std::size_t const d = 16, heads = 4;
-  on_ranks(tp, batch_ctx(2, 4),
+  on_ranks(tp, batch_ctx(2, sp ? 4 : 3),
            [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
              auto const t = static_cast<std::size_t>(tp);
-             nn::causal_self_attention<double> ref("blocks.3.attn", d, heads,
-                                                   {nn::init_rule::kind::normal, 0.01});
-             nn::parallel_causal_self_attention<double> par(
-                 "blocks.3.attn", d, heads, &g, {nn::init_rule::kind::normal, 0.01}, true);
+             nn::init_rule const proj{nn::init_rule::kind::normal, 0.01};
+             nn::causal_self_attention<double> ref("blocks.3.attn", d, heads, nullptr, proj, sp);
+             nn::causal_self_attention<double> par("blocks.3.attn", d, heads, &g, proj, sp);
              STRATA_CHECK(par.local_heads() == heads / t && par.local_features() == d / t);
-             nn::parallel_causal_self_attention<double> plain("blocks.3.attn", d, heads, &g);
+             STRATA_CHECK(par.core().heads() == heads / t && par.core().features() == d / t);
+             auto qs = par.qkv_weight().shape();
+             STRATA_CHECK(qs.size() == 3 && qs[0] == 3 && qs[1] == d / t && qs[2] == d);
+             auto qf = par.qkv_weight().full_shape();
+             STRATA_CHECK(qf.size() == 3 && qf[0] == 3 && qf[1] == d && qf[2] == d);
+             STRATA_CHECK(par.qkv_bias().size() == 3 * d / t);
+             STRATA_CHECK(par.proj().weight().shape()[0] == d &&
+                          par.proj().weight().shape()[1] == d / t);
+             STRATA_CHECK(par.proj().bias().size() == d);
+             STRATA_CHECK(par.proj().output_row_split() == (sp ? tp : 1));
+             nn::causal_self_attention<double> plain("blocks.3.attn", d, heads, &g);
              STRATA_CHECK(plain.input_row_split() == 1 && plain.output_row_split() == 1);
-             STRATA_CHECK(par.proj().output_row_split() == tp);
-             sp_parity(ops, tp, rank, ctx, ref, par, d, "sp attn tp=" + std::to_string(tp) + " ");
+             part const p = sp ? part::rows : part::whole;
+             split_parity(ops, tp, rank, ctx, ref, par, {p, p},
+                          std::string(sp ? "sp " : "") + "attn tp=" + std::to_string(tp) + " ");
            });
 }
 
-nn::block_options sp_block_options(double p) {
+nn::block_options block_options(double p, bool sp) {
   nn::block_options o;
   o.features = 16;
   o.heads = 4;
   o.hidden = 32;
   o.dropout = p;
   o.n_layers = 2;
-  o.sequence_parallel = true;
+  o.sequence_parallel = sp;
   return o;
 }
 
-/// A context of the whole micro-batch whose dropout keys sit mid-step (first_row 5).
-nn::layer_context sp_block_ctx() {
+/// A context of the whole micro-batch whose dropout keys sit mid-step (first_row 5 under
+/// sequence parallel).
+nn::layer_context block_ctx(bool sp) {
   nn::layer_context base = batch_ctx(2, 4);
   base.step = 3;
-  base.first_row = 5;
+  base.first_row = sp ? 5 : 0;
   base.seed = strata::test::seed();
   return base;
 }
 
-void block_sp_case(int tp, double p) {
-  nn::block_options const o = sp_block_options(p);
-  on_ranks(tp, sp_block_ctx(),
+// The block: attention's heads and the MLP's hidden features split, layer norms replicated;
+// under sequence parallel its input and output hold this rank's rows.
+void block_case(int tp, double p, bool sp) {
+  nn::block_options const o = block_options(p, sp);
+  on_ranks(tp, block_ctx(sp),
            [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
-             nn::transformer_block<double> ref("blocks.1", o);
-             nn::parallel_transformer_block<double> par("blocks.1", o, &g);
-             STRATA_CHECK(par.fc().input_row_split() == tp);
-             STRATA_CHECK(par.proj().output_row_split() == tp);
-             STRATA_CHECK(par.attn().input_row_split() == tp);
+             nn::transformer_block<double> ref("blocks.1", o), par("blocks.1", o, &g);
+             STRATA_CHECK(par.fc().local_out_features() == o.hidden / static_cast<std::size_t>(tp));
+             int const split = sp ? tp : 1;
+             STRATA_CHECK(par.fc().input_row_split() == split);
+             STRATA_CHECK(par.proj().output_row_split() == split);
+             STRATA_CHECK(par.attn().input_row_split() == split);
              nn::block_options plain = o;
              plain.sequence_parallel = false;
-             nn::parallel_transformer_block<double> np("blocks.1", plain, &g);
+             nn::transformer_block<double> np("blocks.1", plain, &g);
              STRATA_CHECK(np.input_row_split() == 1 && np.output_row_split() == 1);
-             sp_parity(ops, tp, rank, ctx, ref, par, o.features,
-                       "sp block tp=" + std::to_string(tp) + " dropout " + std::to_string(p) + " ");
+             part const r = sp ? part::rows : part::whole;
+             split_parity(ops, tp, rank, ctx, ref, par, {r, r},
+                          std::string(sp ? "sp " : "") + "block tp=" + std::to_string(tp) +
+                              " dropout " + std::to_string(p) + " ");
            });
 }
 
@@ -338,15 +206,15 @@ vec ln_partial(nn::layer_norm<double>& from, vec const& x, vec const& dh, std::s
 // the next micro-batch, the last, reduces the accumulated sums once (the whole gradient of
 // both micro-batches, here the same data: twice the plain block's).
 void block_sp_accumulation_case(int tp, double p) {
-  nn::block_options const o = sp_block_options(p);
+  nn::block_options const o = block_options(p, true);
   on_ranks(
-      tp, sp_block_ctx(), [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+      tp, block_ctx(true), [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
         std::string const tag = "sp block accumulation tp=" + std::to_string(tp) + " dropout " +
                                 std::to_string(p) + " ";
         std::size_t const rows = ctx.rows(), lr = rows / static_cast<std::size_t>(tp),
                           d = o.features;
         nn::transformer_block<double> ref("blocks.1", o);
-        nn::parallel_transformer_block<double> par("blocks.1", o, &g);
+        nn::transformer_block<double> par("blocks.1", o, &g);
         init_and_share(ops, tp, ref, par, tag);
         auto rp = parameters_of(ref);
         auto pp = parameters_of(par);
@@ -394,7 +262,7 @@ void block_sp_accumulation_case(int tp, double p) {
 
         vec const xl = rank_rows(x, d, tp, rank), dyl = rank_rows(dy, d, tp, rank);
         vec y(lr * d), dx(lr * d);
-        nn::parallel_transformer_block<double>::saved_type ps;
+        nn::transformer_block<double>::saved_type ps;
         nn::layer_context first = ctx, last = ctx;
         first.last_micro_batch = false;
         first.grads_complete = false; // the layer norms reduce after the second
@@ -445,9 +313,9 @@ void layer_norm_sp_case(int tp) {
         std::string const tag = "sp layer norm tp=" + std::to_string(tp) + " ";
         std::size_t const lr = rows / static_cast<std::size_t>(tp);
         nn::layer_norm<double> ref("blocks.0.ln1", d);
-        nn::sequence_parallel_layer_norm<double> par("blocks.0.ln1", d, &g, true);
+        nn::layer_norm<double> par("blocks.0.ln1", d, &g, true);
         STRATA_CHECK(par.input_row_split() == tp && par.output_row_split() == tp);
-        nn::sequence_parallel_layer_norm<double> off("blocks.0.ln1", d, &g, false);
+        nn::layer_norm<double> off("blocks.0.ln1", d, &g, false);
         STRATA_CHECK(off.input_row_split() == 1 && off.output_row_split() == 1);
         STRATA_CHECK(par.in_features() == d && par.out_features() == d);
         init_and_share(ops, tp, ref, par, tag);
@@ -469,7 +337,7 @@ void layer_norm_sp_case(int tp) {
         vec const xl = rank_rows(x, d, tp, rank), dyl = rank_rows(dy, d, tp, rank);
         vec const part = ln_partial(ref, xl, dyl, lr); // this rank's rows' share, weight then bias
         vec y(lr * d), dx(lr * d);
-        nn::sequence_parallel_layer_norm<double>::saved_type ps;
+        nn::layer_norm<double>::saved_type ps;
         auto step = [&](nn::layer_context const& c) {
           par.forward(c, {xl.data(), {lr, d}}, {y.data(), {lr, d}}, ps);
           par.backward(c, {xl.data(), {lr, d}}, ps, {dyl.data(), {lr, d}}, {dx.data(), {lr, d}});
@@ -504,33 +372,35 @@ void layer_norm_sp_case(int tp) {
       });
 }
 
-/// A null group in float: the plain layer bit for bit (forward, dx, every gradient).
-template <class Ref, class Par>
-void null_group_case(Ref& ref, Par& par, std::size_t d) {
+/// Without a group, sequence parallel on and off give the same bits in float (forward, dx,
+/// every gradient): nothing is split.
+template <class L>
+void no_group_case(L& off, L& on, std::size_t d) {
+  CHECK(on.input_row_split() == 1);
+  CHECK(on.output_row_split() == 1);
   nn::layer_context ctx;
   ctx.batch = 2;
   ctx.seq = 3;
   std::size_t const rows = ctx.rows();
   std::vector<nn::parameter<float>*> rp, pp;
-  ref.for_each_parameter([&](nn::parameter<float>& p) { rp.push_back(&p); });
-  par.for_each_parameter([&](nn::parameter<float>& p) { pp.push_back(&p); });
+  off.for_each_parameter([&](nn::parameter<float>& p) { rp.push_back(&p); });
+  on.for_each_parameter([&](nn::parameter<float>& p) { pp.push_back(&p); });
   REQUIRE(rp.size() == pp.size());
-  nn::test::randomize_parameters(ref);
+  nn::test::randomize_parameters(off);
   for (std::size_t i = 0; i < rp.size(); ++i) {
     REQUIRE(pp[i]->size() == rp[i]->size());
     std::copy(rp[i]->values().begin(), rp[i]->values().end(), pp[i]->values().begin());
   }
-  nn::zero_grad(par);
+  nn::zero_grad(on);
   std::vector<float> x(rows * d), dy(rows * d), y1(rows * d), y2(rows * d), dx1(rows * d),
       dx2(rows * d);
   randomize(std::span<float>(x), "tp.null.x");
   randomize(std::span<float>(dy), "tp.null.dy");
-  typename Ref::saved_type rs;
-  typename Par::saved_type ps;
-  ref.forward(ctx, {x.data(), {rows, d}}, {y1.data(), {rows, d}}, rs);
-  ref.backward(ctx, {x.data(), {rows, d}}, rs, {dy.data(), {rows, d}}, {dx1.data(), {rows, d}});
-  par.forward(ctx, {x.data(), {rows, d}}, {y2.data(), {rows, d}}, ps);
-  par.backward(ctx, {x.data(), {rows, d}}, ps, {dy.data(), {rows, d}}, {dx2.data(), {rows, d}});
+  typename L::saved_type rs, ps;
+  off.forward(ctx, {x.data(), {rows, d}}, {y1.data(), {rows, d}}, rs);
+  off.backward(ctx, {x.data(), {rows, d}}, rs, {dy.data(), {rows, d}}, {dx1.data(), {rows, d}});
+  on.forward(ctx, {x.data(), {rows, d}}, {y2.data(), {rows, d}}, ps);
+  on.backward(ctx, {x.data(), {rows, d}}, ps, {dy.data(), {rows, d}}, {dx2.data(), {rows, d}});
   CHECK(y1 == y2);
   CHECK(dx1 == dx2);
   for (std::size_t i = 0; i < rp.size(); ++i) {
@@ -541,33 +411,34 @@ void null_group_case(Ref& ref, Par& par, std::size_t d) {
 
 } // namespace
 
-TEST_CASE("parallel attention equals causal_self_attention on the gathered weights", "[tp]") {
+TEST_CASE("attention: tp = n equals tp = 1 on the gathered weights", "[tp]") {
   for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
-    attention_case(tp);
+    attention_case(tp, false);
   }
 }
 
-TEST_CASE("parallel transformer block equals transformer_block on the gathered weights", "[tp]") {
+TEST_CASE("transformer block: tp = n equals tp = 1 on the gathered weights", "[tp]") {
   for (int tp : {1, 2, 4})
     for (double p : {0.0, 0.25}) {
       INFO("tp = " << tp << ", dropout = " << p);
-      block_case(tp, p);
+      block_case(tp, p, false);
     }
 }
 
-TEST_CASE("sequence-parallel attention equals causal_self_attention on every row", "[tp][sp]") {
-  for (int tp : {2, 4}) {
+TEST_CASE("sequence-parallel attention equals tp = 1 on every row", "[tp][sp]") {
+  // tp = 1: a size-1 group, every row on the one rank, bit for bit.
+  for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
-    attention_sp_case(tp);
+    attention_case(tp, true);
   }
 }
 
-TEST_CASE("sequence-parallel transformer block equals transformer_block on every row", "[tp][sp]") {
-  for (int tp : {2, 4})
+TEST_CASE("sequence-parallel transformer block equals tp = 1 on every row", "[tp][sp]") {
+  for (int tp : {1, 2, 4})
     for (double p : {0.0, 0.2}) {
       INFO("tp = " << tp << ", dropout = " << p);
-      block_sp_case(tp, p);
+      block_case(tp, p, true);
     }
 }
 
@@ -580,82 +451,58 @@ TEST_CASE("sequence-parallel block: layer-norm gradients reduced on the last mic
     }
 }
 
-TEST_CASE("sequence_parallel_layer_norm equals layer_norm on every row", "[tp][sp]") {
-  for (int tp : {2, 4}) {
+TEST_CASE("sequence-parallel layer_norm equals tp = 1 on every row", "[tp][sp]") {
+  for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
     layer_norm_sp_case(tp);
   }
 }
 
-TEST_CASE("sequence-parallel attention, block and layer norm at tp = 1 are the plain layers",
+TEST_CASE("without a group, sequence parallel leaves attention, block and layer norm unchanged",
           "[tp][sp]") {
-  // A size-1 group in double: every row on the one rank, bit for bit (check_close at tp = 1).
-  attention_sp_case(1);
-  for (double p : {0.0, 0.2})
-    block_sp_case(1, p);
-  layer_norm_sp_case(1);
-  // A null group in float.
   nn::causal_self_attention<float> ra("attn", 8, 2);
-  nn::parallel_causal_self_attention<float> pa("attn", 8, 2, nullptr, {}, true);
-  CHECK(pa.input_row_split() == 1);
-  CHECK(pa.output_row_split() == 1);
-  null_group_case(ra, pa, 8);
+  nn::causal_self_attention<float> pa("attn", 8, 2, nullptr, {}, true);
+  no_group_case(ra, pa, 8);
   nn::block_options o;
   o.features = 8;
   o.heads = 2;
   o.dropout = 0.2;
+  nn::transformer_block<float> rb("blk", o);
   o.sequence_parallel = true;
-  nn::transformer_block<float> rb("blk", o);
-  nn::parallel_transformer_block<float> pb("blk", o);
-  CHECK(pb.input_row_split() == 1);
-  CHECK(pb.output_row_split() == 1);
-  null_group_case(rb, pb, 8);
+  nn::transformer_block<float> pb("blk", o);
+  no_group_case(rb, pb, 8);
   nn::layer_norm<float> rl("ln", 8);
-  nn::sequence_parallel_layer_norm<float> pl("ln", 8, nullptr, true);
-  CHECK(pl.input_row_split() == 1);
-  CHECK(pl.output_row_split() == 1);
-  null_group_case(rl, pl, 8);
+  nn::layer_norm<float> pl("ln", 8, nullptr, true);
+  no_group_case(rl, pl, 8);
 }
 
-TEST_CASE("parallel attention and block with a null group are the plain layers in float", "[tp]") {
-  nn::causal_self_attention<float> ra("attn", 8, 2);
-  nn::parallel_causal_self_attention<float> pa("attn", 8, 2);
-  null_group_case(ra, pa, 8);
-  nn::block_options o;
-  o.features = 8;
-  o.heads = 2;
-  nn::transformer_block<float> rb("blk", o);
-  nn::parallel_transformer_block<float> pb("blk", o);
-  null_group_case(rb, pb, 8);
-}
-
-TEST_CASE("parallel attention and block sizes must divide by tp", "[tp]") {
+TEST_CASE("attention and block sizes must divide by tp", "[tp]") {
   using Catch::Matchers::Contains;
   no_collectives none;
   nn::tp_group g{4, 1, &none};
-  CHECK_THROWS_AS(nn::parallel_causal_self_attention<double>("blocks.0.attn", 12, 6, &g),
+  CHECK_THROWS_AS(nn::causal_self_attention<double>("blocks.0.attn", 12, 6, &g),
                   strata::config_error);
-  CHECK_THROWS_WITH(nn::parallel_causal_self_attention<double>("blocks.0.attn", 12, 6, &g),
+  CHECK_THROWS_WITH(nn::causal_self_attention<double>("blocks.0.attn", 12, 6, &g),
                     Contains("blocks.0.attn") && Contains("6 heads do not split over tp = 4") &&
                         Contains("use a multiple of 4 (e.g. 8)") &&
                         Contains("a tp size that divides 6"));
-  CHECK_THROWS_WITH(nn::parallel_causal_self_attention<double>("blocks.0.attn", 10, 4, &g),
+  CHECK_THROWS_WITH(nn::causal_self_attention<double>("blocks.0.attn", 10, 4, &g),
                     Contains("blocks.0.attn") && Contains("10 features and 4 heads") &&
                         Contains("features must divide by heads"));
-  CHECK_NOTHROW(nn::parallel_causal_self_attention<double>("blocks.0.attn", 8, 4, &g));
+  CHECK_NOTHROW(nn::causal_self_attention<double>("blocks.0.attn", 8, 4, &g));
   nn::block_options o;
   o.features = 8;
   o.heads = 4;
   o.hidden = 10;
-  CHECK_THROWS_WITH(nn::parallel_transformer_block<double>("blocks.0", o, &g),
+  CHECK_THROWS_WITH(nn::transformer_block<double>("blocks.0", o, &g),
                     Contains("blocks.0.mlp.fc") &&
                         Contains("10 output features do not split over tp = 4"));
   o.hidden = 12;
   o.heads = 2;
-  CHECK_THROWS_WITH(nn::parallel_transformer_block<double>("blocks.0", o, &g),
+  CHECK_THROWS_WITH(nn::transformer_block<double>("blocks.0", o, &g),
                     Contains("blocks.0.attn") && Contains("2 heads do not split over tp = 4"));
   // Called with another group than it was built for.
-  nn::parallel_causal_self_attention<double> a("attn", 8, 4, &g);
+  nn::causal_self_attention<double> a("attn", 8, 4, &g);
   nn::layer_context ctx; // tp = 1
   std::vector<double> x(8), y(8);
   decltype(a)::saved_type s;

@@ -1,8 +1,9 @@
-// strata::nn vocabulary parallelism: vocab_parallel_embedding and vocab_parallel_cross_entropy
-// on the local backend (tp = 1, 2, 4 ranks as threads) against nn::embedding and
-// nn::softmax_cross_entropy on the full table and logits: forward, backward, shard
-// initialisation, column_parallel_linear -> vocab-parallel loss, divisibility errors; the
-// sequence-parallel embedding (each rank's rows of the output) on every row.
+// strata::nn vocabulary parallelism: embedding<T, C, tp::vocab> and
+// softmax_cross_entropy<T, C, tp::vocab> on a tp group of the local backend (tp = 1, 2, 4
+// ranks as threads) against the same layers at tp = 1 (the table's shards and the logits'
+// columns gathered): forward, backward, shard initialisation, the column-split head -> the
+// vocabulary-split loss, divisibility errors; the sequence-parallel embedding (each rank's
+// rows of the output) on every row; at tp = 1 the plain embedding and loss bit for bit.
 #include "../support/seed.hpp"
 #include "gradcheck.hpp"
 #include "tp_support.hpp"
@@ -13,13 +14,13 @@
 #include <strata/nn/layer.hpp>
 #include <strata/nn/linear.hpp>
 #include <strata/nn/parameter.hpp>
-#include <strata/nn/tensor_parallel.hpp>
-#include <strata/nn/vocab_parallel.hpp>
+#include <strata/nn/tp.hpp>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -34,21 +35,37 @@ using nn::test::rel_error;
 using namespace strata::nn::test::tp;
 
 // 16-bit storage compiles (the collectives run in the compute type, float).
-template class strata::nn::vocab_parallel_embedding<strata::bf16>;
-template class strata::nn::vocab_parallel_cross_entropy<strata::bf16>;
-template class strata::nn::vocab_parallel_embedding<strata::f16>;
+template class strata::nn::embedding<strata::bf16, float, strata::nn::tp::vocab>;
+template class strata::nn::softmax_cross_entropy<strata::bf16, float, strata::nn::tp::vocab>;
+template class strata::nn::embedding<strata::f16, float, strata::nn::tp::vocab>;
+// The Megatron names are the splits.
+static_assert(
+    std::same_as<nn::vocab_parallel_embedding<float>, nn::embedding<float, float, nn::tp::vocab>>);
+static_assert(std::same_as<nn::vocab_parallel_cross_entropy<float>,
+                           nn::softmax_cross_entropy<float, float, nn::tp::vocab>>);
 
 namespace {
 
-void embedding_case(int tp) {
+template <class T>
+using vembedding = nn::embedding<T, T, nn::tp::vocab>;
+template <class T>
+using vloss = nn::softmax_cross_entropy<T, T, nn::tp::vocab>;
+
+// The token table split; under sequence parallel every rank takes every row's ids and outputs
+// its own rows [rows/tp, d] (reduce-scattered), with positions (rank * rows/tp + r) mod seq,
+// and backward takes those rows of dy. rows/tp is not a multiple of seq, so a rank's rows
+// start mid-sequence.
+void embedding_case(int tp, bool sp) {
   std::size_t const batch = 3, seq = 4, rows = batch * seq, vocab = 16, max_seq = 6, d = 5;
   on_ranks(tp, batch_ctx(batch, seq),
-           [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int rank) {
-             std::string const tag = "embedding tp=" + std::to_string(tp) + " ";
+           [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+             std::string const tag =
+                 std::string(sp ? "sp " : "") + "embedding tp=" + std::to_string(tp) + " ";
+             std::size_t const lv = vocab / static_cast<std::size_t>(tp),
+                               lr = sp ? rows / static_cast<std::size_t>(tp) : rows;
 
-             nn::embedding<double> ref("emb", vocab, max_seq, d);
-             nn::vocab_parallel_embedding<double> par("emb", vocab, max_seq, d, &g);
-             std::size_t const lv = vocab / static_cast<std::size_t>(tp);
+             vembedding<double> ref("emb", vocab, max_seq, d, nullptr, sp);
+             vembedding<double> par("emb", vocab, max_seq, d, &g, sp);
              STRATA_CHECK(par.vocab() == vocab && par.local_vocab() == lv);
              STRATA_CHECK(par.vocab_begin() == static_cast<std::size_t>(rank) * lv);
              STRATA_CHECK(par.out_features() == d);
@@ -56,116 +73,49 @@ void embedding_case(int tp) {
                           par.token_weight().shape()[1] == d);
              STRATA_CHECK(par.token_weight().sharded() == (tp > 1));
              STRATA_CHECK(!par.position_weight().sharded());
-
-             // Initialisation from the seed: the shard is the full table's slice, names equal.
-             nn::init_parameters(ref, strata::test::seed());
-             nn::init_parameters(par, strata::test::seed());
-             std::vector<nn::parameter<double>*> rp, pp;
-             ref.for_each_parameter([&](auto& p) { rp.push_back(&p); });
-             par.for_each_parameter([&](auto& p) { pp.push_back(&p); });
-             STRATA_CHECK(rp.size() == 2 && pp.size() == 2);
-             for (std::size_t k = 0; k < 2; ++k) {
-               STRATA_CHECK(rp[k]->name() == pp[k]->name());
-               vec const want = shard_of(*pp[k], values_of(*rp[k]));
-               auto const got = values_of(*pp[k]);
-               for (std::size_t i = 0; i < want.size(); ++i)
-                 STRATA_CHECK_MSG(got[i] == want[i], tag + "init of " + pp[k]->name() +
-                                                         " differs at " + std::to_string(i));
-             }
-
-             // Random tables (not the init), copied into the shards.
-             nn::test::randomize_parameters(ref);
-             for (std::size_t k = 0; k < 2; ++k) {
-               vec const v = shard_of(*pp[k], values_of(*rp[k]));
-               std::copy(v.begin(), v.end(), pp[k]->values().begin());
-             }
-             ids_t const ids = random_ids(rows, vocab, "vp.emb.ids");
-             vec dy(rows * d);
-             randomize(std::span<double>(dy), "vp.emb.dy");
-             vec yref(rows * d);
-             nn::embedding<double>::saved_type rs;
-             nn::layer_context rctx = ctx;
-             rctx.tp = nullptr;
-             ref.forward(rctx, {ids.data(), {rows}}, {yref.data(), {rows, d}}, rs);
-             ref.backward(rctx, {ids.data(), {rows}}, rs, {dy.data(), {rows, d}});
-
-             vec y(rows * d);
-             decltype(par)::saved_type ps;
-             for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
-               nn::zero_grad(par);
-               par.forward(ctx, {ids.data(), {rows}}, {y.data(), {rows, d}}, ps);
-               par.backward(ctx, {ids.data(), {rows}}, ps, {dy.data(), {rows, d}});
-               check_close(cspan(y), cspan(yref), tag + "y", tp);
-               check_close(grads_of(par.token_weight()),
-                           cspan(shard_of(par.token_weight(), grads_of(*rp[0]))), tag + "dwte", tp);
-               check_close(grads_of(par.position_weight()), grads_of(*rp[1]), tag + "dwpe", tp);
-             }
-           });
-}
-
-// Sequence parallel: every rank takes every row's ids and outputs its own rows [rows/tp, d]
-// (reduce-scattered), with positions (rank * rows/tp + r) mod seq; backward takes those
-// rows of dy. rows/tp is not a multiple of seq, so a rank's rows start mid-sequence.
-void embedding_sp_case(int tp) {
-  std::size_t const batch = 3, seq = 4, rows = batch * seq, vocab = 16, max_seq = 6, d = 5;
-  on_ranks(tp, batch_ctx(batch, seq),
-           [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
-             std::string const tag = "sp embedding tp=" + std::to_string(tp) + " ";
-             std::size_t const lr = rows / static_cast<std::size_t>(tp);
-
-             nn::embedding<double> ref("emb", vocab, max_seq, d);
-             nn::vocab_parallel_embedding<double> par("emb", vocab, max_seq, d, &g, true);
-             STRATA_CHECK(par.output_row_split() == tp);
-             STRATA_CHECK(nn::vocab_parallel_embedding<double>("emb", vocab, max_seq, d, &g)
-                              .output_row_split() == 1);
-             STRATA_CHECK(par.token_weight().sharded() == (tp > 1));
-             STRATA_CHECK(!par.position_weight().sharded());
+             STRATA_CHECK(par.output_row_split() == (sp ? tp : 1));
+             STRATA_CHECK(vembedding<double>("emb", vocab, max_seq, d, &g).output_row_split() == 1);
+             // Initialisation from the seed: the shard is the full table's slice, names equal;
+             // then random tables (not the init), copied into the shards.
+             init_and_share(ops, tp, ref, par, tag);
              auto rp = parameters_of(ref);
              auto pp = parameters_of(par);
              STRATA_CHECK(rp.size() == 2 && pp.size() == 2);
 
-             // Random tables from the test seed, copied into the shards.
-             nn::test::randomize_parameters(ref);
-             for (std::size_t k = 0; k < 2; ++k) {
-               STRATA_CHECK(rp[k]->name() == pp[k]->name());
-               vec const v = shard_of(*pp[k], values_of(*rp[k]));
-               std::copy(v.begin(), v.end(), pp[k]->values().begin());
-             }
-             ids_t const ids = random_ids(rows, vocab, "vp.sp.emb.ids");
+             ids_t const ids = random_ids(rows, vocab, "vp.emb.ids");
              vec dy(rows * d);
-             randomize(std::span<double>(dy), "vp.sp.emb.dy");
+             randomize(std::span<double>(dy), "vp.emb.dy");
              vec yref(rows * d);
-             nn::embedding<double>::saved_type rs;
+             decltype(ref)::saved_type rs;
              nn::layer_context rctx = ctx;
              rctx.tp = nullptr;
              ref.forward(rctx, {ids.data(), {rows}}, {yref.data(), {rows, d}}, rs);
              ref.backward(rctx, {ids.data(), {rows}}, rs, {dy.data(), {rows, d}});
 
-             vec const dyl = rank_rows(dy, d, tp, rank);
+             part const p = sp ? part::rows : part::whole;
+             vec const dyl = slice(dy, d, p, tp, rank);
              vec y(lr * d);
              decltype(par)::saved_type ps;
              for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
                nn::zero_grad(par);
                par.forward(ctx, {ids.data(), {rows}}, {y.data(), {lr, d}}, ps);
                par.backward(ctx, {ids.data(), {rows}}, ps, {dyl.data(), {lr, d}});
-               check_close(cspan(gather_rows(ops, tp, cspan(y))), cspan(yref), tag + "y", tp);
-               check_close(grads_of(par.token_weight()),
-                           cspan(shard_of(par.token_weight(), grads_of(*rp[0]))), tag + "dwte", tp);
-               check_close(grads_of(par.position_weight()), grads_of(*rp[1]), tag + "dwpe", tp);
+               check_close(cspan(unslice(ops, tp, cspan(y), d, p)), cspan(yref), tag + "y", tp);
+               check_grads(ops, tp, rp, pp, tag);
              }
            });
 }
 
+// The logits' columns split.
 void cross_entropy_case(int tp) {
   std::size_t const rows = 7, vocab = 12;
   on_ranks(tp, batch_ctx(1, rows),
-           [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int rank) {
+           [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
              std::string const tag = "cross-entropy tp=" + std::to_string(tp) + " ";
              std::size_t const lv = vocab / static_cast<std::size_t>(tp);
              std::size_t const c0 = static_cast<std::size_t>(rank) * lv;
 
-             nn::softmax_cross_entropy<double> ref("loss", vocab);
-             nn::vocab_parallel_cross_entropy<double> par("loss", vocab, &g);
+             vloss<double> ref("loss", vocab), par("loss", vocab, &g);
              STRATA_CHECK(par.in_features() == lv && par.full_in_features() == vocab);
              STRATA_CHECK(par.class_begin() == c0);
 
@@ -174,7 +124,7 @@ void cross_entropy_case(int tp) {
              ids_t const targets = random_ids(rows, vocab, "vp.ce.targets");
              double const dloss = 1.75;
              vec dref(rows * vocab);
-             nn::softmax_cross_entropy<double>::saved_type rs;
+             decltype(ref)::saved_type rs;
              nn::layer_context rctx = ctx;
              rctx.tp = nullptr;
              double const lref =
@@ -182,7 +132,7 @@ void cross_entropy_case(int tp) {
              ref.backward(rctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, rs,
                           {dref.data(), {rows, vocab}}, dloss);
 
-             vec const mine = columns(logits, vocab, c0, lv);
+             vec const mine = slice(logits, vocab, part::columns, tp, rank);
              vec d(rows * lv);
              decltype(par)::saved_type ps;
              for (int rep = 0; rep < 2; ++rep) {
@@ -191,37 +141,31 @@ void cross_entropy_case(int tp) {
                par.backward(ctx, {mine.data(), {rows, lv}}, {targets.data(), {rows}}, ps,
                             {d.data(), {rows, lv}}, dloss);
                check_scalar(l, lref, tag + "loss", tp);
-               check_close(cspan(d), cspan(columns(dref, vocab, c0, lv)), tag + "dlogits", tp);
+               check_close(cspan(unslice(ops, tp, cspan(d), vocab, part::columns)), cspan(dref),
+                           tag + "dlogits", tp);
              }
            });
 }
 
-// The output head: column_parallel_linear (no gather) -> vocab-parallel loss against linear ->
-// softmax_cross_entropy.
+// The output head: the column split (no gather) -> the vocabulary-split loss.
 void head_case(int tp) {
   std::size_t const rows = 6, d = 8, vocab = 16;
-  on_ranks(tp, batch_ctx(2, 3), [&](nn::tp_ops&, nn::tp_group& g, nn::layer_context& ctx, int) {
+  on_ranks(tp, batch_ctx(2, 3), [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int) {
     std::string const tag = "head tp=" + std::to_string(tp) + " ";
     std::size_t const lv = vocab / static_cast<std::size_t>(tp);
+    using head = nn::linear<double, double, nn::tp::column>;
 
-    nn::linear<double> fc("lm_head", d, vocab);
-    nn::softmax_cross_entropy<double> ce("loss", vocab);
-    nn::column_parallel_linear<double> pfc("lm_head", d, vocab, &g);
-    nn::vocab_parallel_cross_entropy<double> pce("loss", vocab, &g);
-    nn::test::randomize_parameters(fc, 1.0);
-    for (auto [rp, pp] : {std::pair{&fc.weight(), &pfc.weight()}, {&fc.bias(), &pfc.bias()}}) {
-      vec const v = shard_of(*pp, values_of(*rp));
-      std::copy(v.begin(), v.end(), pp->values().begin());
-    }
-    nn::zero_grad(pfc);
+    head fc("lm_head", d, vocab), pfc("lm_head", d, vocab, &g);
+    vloss<double> ce("loss", vocab), pce("loss", vocab, &g);
+    init_and_share(ops, tp, fc, pfc, tag, 1.0);
 
     vec x(rows * d);
     randomize(std::span<double>(x), "vp.head.x");
     ids_t const targets = random_ids(rows, vocab, "vp.head.targets");
 
     vec z(rows * vocab), dz(rows * vocab), dxref(rows * d);
-    nn::linear<double>::saved_type s1;
-    nn::softmax_cross_entropy<double>::saved_type s2;
+    head::saved_type s1;
+    decltype(ce)::saved_type s2;
     nn::layer_context rctx = ctx;
     rctx.tp = nullptr;
     fc.forward(rctx, {x.data(), {rows, d}}, {z.data(), {rows, vocab}}, s1);
@@ -232,7 +176,7 @@ void head_case(int tp) {
                 {dxref.data(), {rows, d}});
 
     vec p(rows * lv), dp(rows * lv), dx(rows * d);
-    decltype(pfc)::saved_type t1;
+    head::saved_type t1;
     decltype(pce)::saved_type t2;
     pfc.forward(ctx, {x.data(), {rows, d}}, {p.data(), {rows, lv}}, t1);
     double const l = pce.forward(ctx, {p.data(), {rows, lv}}, {targets.data(), {rows}}, t2);
@@ -242,37 +186,29 @@ void head_case(int tp) {
 
     check_scalar(l, lref, tag + "loss", tp);
     check_close(cspan(dx), cspan(dxref), tag + "dx", tp);
-    check_close(grads_of(pfc.weight()), cspan(shard_of(pfc.weight(), grads_of(fc.weight()))),
-                tag + "dW", tp);
-    check_close(grads_of(pfc.bias()), cspan(shard_of(pfc.bias(), grads_of(fc.bias()))), tag + "db",
-                tp);
+    check_grads(ops, tp, parameters_of(fc), parameters_of(pfc), tag);
   });
 }
 
 } // namespace
 
-TEST_CASE("vocab-parallel embedding equals embedding on the full table", "[tp][vocab]") {
+TEST_CASE("vocabulary-split embedding: tp = n equals tp = 1 on the gathered table", "[tp][vocab]") {
   for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
-    embedding_case(tp);
+    embedding_case(tp, false);
   }
 }
 
-TEST_CASE("sequence-parallel vocab-parallel embedding equals embedding on every row",
+TEST_CASE("sequence-parallel vocabulary-split embedding equals tp = 1 on every row",
           "[tp][vocab][sp]") {
-  for (int tp : {2, 4}) {
+  // tp = 1: a size-1 group, bit for bit.
+  for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
-    embedding_sp_case(tp);
+    embedding_case(tp, true);
   }
 }
 
-TEST_CASE("sequence-parallel vocab-parallel embedding on a size-1 group is embedding, bit for "
-          "bit",
-          "[tp][vocab][sp]") {
-  embedding_sp_case(1);
-}
-
-TEST_CASE("vocab-parallel cross-entropy equals softmax_cross_entropy on the full logits",
+TEST_CASE("vocabulary-split cross-entropy: tp = n equals tp = 1 on the gathered logits",
           "[tp][vocab]") {
   for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
@@ -280,8 +216,7 @@ TEST_CASE("vocab-parallel cross-entropy equals softmax_cross_entropy on the full
   }
 }
 
-TEST_CASE("column-parallel head -> vocab-parallel loss equals linear -> softmax_cross_entropy",
-          "[tp][vocab]") {
+TEST_CASE("column-split head -> vocabulary-split loss: tp = n equals tp = 1", "[tp][vocab]") {
   for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
     head_case(tp);
@@ -294,7 +229,7 @@ TEST_CASE("a null tp group is nn::embedding and softmax_cross_entropy, bit for b
   nn::layer_context ctx;
   ctx.seq = rows;
   nn::embedding<float> e("emb", vocab, rows, d);
-  nn::vocab_parallel_embedding<float> pe("emb", vocab, rows, d);
+  vembedding<float> pe("emb", vocab, rows, d);
   nn::test::randomize_parameters(e);
   std::vector<nn::parameter<float>*> rp, pp;
   e.for_each_parameter([&](auto& p) { rp.push_back(&p); });
@@ -318,7 +253,7 @@ TEST_CASE("a null tp group is nn::embedding and softmax_cross_entropy, bit for b
           std::vector<float>(pp[k]->grads().begin(), pp[k]->grads().end()));
   // Sequence parallel on a null group: no row split, the same bits.
   {
-    nn::vocab_parallel_embedding<float> spe("emb", vocab, rows, d, nullptr, true);
+    vembedding<float> spe("emb", vocab, rows, d, nullptr, true);
     CHECK(spe.output_row_split() == 1);
     std::vector<nn::parameter<float>*> sp;
     spe.for_each_parameter([&](auto& p) { sp.push_back(&p); });
@@ -335,7 +270,7 @@ TEST_CASE("a null tp group is nn::embedding and softmax_cross_entropy, bit for b
   }
 
   nn::softmax_cross_entropy<float> ce("loss", vocab);
-  nn::vocab_parallel_cross_entropy<float> pce("loss", vocab);
+  vloss<float> pce("loss", vocab);
   std::vector<float> z(rows * vocab), d1(rows * vocab), d2(rows * vocab);
   randomize(std::span<float>(z), "vp.f32.z", -3, 3);
   nn::softmax_cross_entropy<float>::saved_type c1;
@@ -355,18 +290,16 @@ TEST_CASE("vocab-parallel sizes must divide by tp", "[tp][vocab]") {
   // Construction runs no collective: ops that throw if one ever ran.
   no_collectives none;
   nn::tp_group g{4, 1, &none};
-  CHECK_THROWS_AS(nn::vocab_parallel_embedding<double>("wte", 50257, 8, 4, &g),
-                  strata::config_error);
-  CHECK_THROWS_WITH(nn::vocab_parallel_embedding<double>("wte", 50257, 8, 4, &g),
+  CHECK_THROWS_AS(vembedding<double>("wte", 50257, 8, 4, &g), strata::config_error);
+  CHECK_THROWS_WITH(vembedding<double>("wte", 50257, 8, 4, &g),
                     Contains("wte") &&
                         Contains("50257 vocabulary entries do not split over tp = 4") &&
                         Contains("use a multiple of 4 (e.g. 50260)"));
-  CHECK_THROWS_AS(nn::vocab_parallel_cross_entropy<double>("loss", 50257, &g),
-                  strata::config_error);
-  CHECK_THROWS_WITH(nn::vocab_parallel_cross_entropy<double>("loss", 50257, &g),
+  CHECK_THROWS_AS(vloss<double>("loss", 50257, &g), strata::config_error);
+  CHECK_THROWS_WITH(vloss<double>("loss", 50257, &g),
                     Contains("loss") && Contains("50257 classes do not split over tp = 4") &&
                         Contains("use a multiple of 4"));
   // The vocabulary only: features and max_seq need not divide.
-  CHECK_NOTHROW(nn::vocab_parallel_embedding<double>("wte", 16, 7, 5, &g));
-  CHECK_NOTHROW(nn::vocab_parallel_cross_entropy<double>("loss", 16, &g));
+  CHECK_NOTHROW(vembedding<double>("wte", 16, 7, 5, &g));
+  CHECK_NOTHROW(vloss<double>("loss", 16, &g));
 }

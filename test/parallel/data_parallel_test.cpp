@@ -96,9 +96,9 @@ TEST_CASE("a bucket's all-reduce starts during backward, once per step, on the l
     STRATA_CHECK(counters.calls(st::comm::op_kind::all_reduce) - calls0 == 3 * buckets);
     // The parameters, and the tail the last bucket carries: the loss and this rank's
     // sequence count (coded, for the uneven-batch check).
-    STRATA_CHECK(t.state().tail == 1 + st::parallel::detail::count_code<float>(2).slots());
+    STRATA_CHECK(t.state().flat().tail == 1 + st::parallel::detail::count_code<float>(2).slots());
     STRATA_CHECK(counters.bytes(st::comm::op_kind::all_reduce) - bytes0 ==
-                 3 * (t.parameter_count() + t.state().tail) * sizeof(float));
+                 3 * (t.parameter_count() + t.state().flat().tail) * sizeof(float));
     // The trace: the first bucket's all-reduce was issued before the backward of layer 0 (the
     // last one backward reaches) started on the last micro-batch.
     auto const& tr = t.trace();

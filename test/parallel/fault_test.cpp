@@ -85,7 +85,7 @@ public:
   }
 
   void run(op const&, eng::state<T>& s) override {
-    for (auto const& r : s.owned)
+    for (auto const& r : s.flat().owned)
       for (std::size_t i = 0; i < r.count; ++i)
         r.grads[i] *= static_cast<T>(dp_);
   }
@@ -159,7 +159,7 @@ public:
   std::string_view name() const noexcept override { return "fault: micro-batches swapped"; }
 
   void setup(eng::state<T>& s) override {
-    first_stage_ = !s.chunks.empty() && s.chunks[0].first == 0;
+    first_stage_ = !s.model().chunks.empty() && s.model().chunks[0].first == 0;
   }
 
   void rewrite(eng::program& p, std::uint16_t) override {
@@ -226,11 +226,11 @@ public:
   std::string_view name() const noexcept override { return "fault: tp all-reduce skipped"; }
 
   void setup(eng::state<T>& s) override {
-    if (s.tp == nullptr || s.tp->ops == nullptr)
+    if (s.settings().tp == nullptr || s.settings().tp->ops == nullptr)
       not_applied(std::string(name()));
-    ops_.emplace(*s.tp->ops);
-    group_ = {s.tp->size, s.tp->rank, &*ops_};
-    s.tp = &group_;
+    ops_.emplace(*s.settings().tp->ops);
+    group_ = {s.settings().tp->size, s.settings().tp->rank, &*ops_};
+    s.settings().tp = &group_;
   }
 
   void rewrite(eng::program& p, std::uint16_t id) override {

@@ -164,7 +164,7 @@ transport replay_transport(Trainer& t, mpi_comm& dp) {
     throw std::runtime_error("replay: the trainer has neither a data-parallel nor a sharded pass");
   std::vector<std::vector<float>> bufs;
   std::vector<std::function<st::comm::mpi::request()>> calls;
-  float* const g = bufs.emplace_back(touched(s.flat_size)).data();
+  float* const g = bufs.emplace_back(touched(s.flat().flat_size)).data();
   if (ddp) {
     for (auto const& b : ddp->buckets()) // in place, one per bucket
       calls.push_back([&dp, g, b, avg] {
@@ -172,11 +172,11 @@ transport replay_transport(Trainer& t, mpi_comm& dp) {
       });
   } else {
     int const stage = zero->stage();
-    float* const v = bufs.emplace_back(touched(s.flat_size)).data();
+    float* const v = bufs.emplace_back(touched(s.flat().flat_size)).data();
     float* const out = bufs.emplace_back(touched(zero->largest_segment() / n)).data();
     float* const shard = bufs.emplace_back(touched(zero->shard_size())).data();
     std::size_t offset = 0; // of the segment's slice in the shard
-    for (auto const& seg : s.segments) {
+    for (auto const& seg : s.flat().segments) {
       std::size_t const c = seg.size / n;
       // Stage 1: in place in the flat gradients; 2 and 3: from a staging buffer into a slice.
       float* const to = stage == 1 ? g + seg.begin + r * c : out;

@@ -238,15 +238,15 @@ int main(int argc, char** argv) {
         opts.loss_scaler.initial_scale = 1024; // no overflow but the injected one
       st::trainer<decltype(gpt), Plan> t(
           mesh, gpt, st::engine::use<st::optim::adamw<float>>({.eps = 1e-6}), opts);
-      t.state().gradient_hook = [&](auto& es) {
-        if (es.step == bad_step && world.rank() == n - 1)
-          for (auto& r : es.owned)
+      t.state().set_gradient_hook([&](auto& es) {
+        if (es.values().step == bad_step && world.rank() == n - 1)
+          for (auto& r : es.flat().owned)
             if (r.count) {
               using G = std::remove_reference_t<decltype(r.grads[0])>;
               r.grads[0] = G(std::numeric_limits<float>::infinity());
               return;
             }
-      };
+      });
       run_result out;
       for (int k = 1; k <= 40 && out.losses.size() < 20; ++k) {
         auto const r = t.step(batch);

@@ -162,11 +162,12 @@ TEST_CASE("the master weights start as the f32 model's and round to the 16-bit p
       bv.push_back(static_cast<float>(x));
   });
   REQUIRE(fv.size() == bv.size());
-  auto const& s = b.state();
-  REQUIRE(s.master.size() == fv.size() + s.flat_size - s.tail_begin);
+  auto const& s = b.state().flat();
+  auto const& master = b.template find_pass<st::policy::precision_pass<st::bf16>>()->master();
+  REQUIRE(master.size() == fv.size() + s.flat_size - s.tail_begin);
   std::size_t differ = 0;
   for (std::size_t i = 0; i < fv.size(); ++i) {
-    REQUIRE(s.master.data()[i] == fv[i]); // flat order on one rank: the same order
+    REQUIRE(master.data()[i] == fv[i]); // flat order on one rank: the same order
     REQUIRE(bv[i] == static_cast<float>(st::element_cast<st::bf16>(fv[i])));
     differ += bv[i] != fv[i] ? 1 : 0;
   }
@@ -195,19 +196,19 @@ TEST_CASE("fp16: an overflow on one rank skips the step on every rank, and the s
       opts.loss_scaler.growth_interval = 2;
       st::trainer<st::models::gpt_model<float>, Plan> t(mesh, g, adamw(), opts);
       int const bad_rank = n - 1, bad_step = 3;
-      t.state().gradient_hook = [&](auto& s) {
-        if (world.rank() == bad_rank && s.step == bad_step) {
-          for (auto& r : s.owned)
+      t.state().set_gradient_hook([&](auto& s) {
+        if (world.rank() == bad_rank && s.values().step == bad_step) {
+          for (auto& r : s.flat().owned)
             if (r.count) {
               r.grads[r.count / 2] = st::f16(std::numeric_limits<float>::infinity());
               return;
             }
         }
-      };
+      });
       double const expect_scale[] = {1024, 1024, 2048, 1024, 1024, 2048};
       for (int k = 1; k <= 6; ++k) {
-        auto& s = t.state();
-        std::vector<float> master(s.master.data(), s.master.data() + s.master.size());
+        auto const& mw = t.template find_pass<st::policy::precision_pass<st::f16>>()->master();
+        std::vector<float> master(mw.data(), mw.data() + mw.size());
         std::vector<st::f16> values;
         t.for_each_value_piece([&](auto const&, std::size_t, std::span<st::f16 const> v) {
           values.insert(values.end(), v.begin(), v.end());
@@ -220,7 +221,7 @@ TEST_CASE("fp16: an overflow on one rank skips the step on every rank, and the s
         STRATA_CHECK_MSG(r.skipped == (k == bad_step),
                          what + ": rank " + std::to_string(world.rank()) + " step " +
                              std::to_string(k) + " skipped = " + std::to_string(r.skipped));
-        std::vector<float> master2(s.master.data(), s.master.data() + s.master.size());
+        std::vector<float> master2(mw.data(), mw.data() + mw.size());
         std::vector<st::f16> values2;
         t.for_each_value_piece([&](auto const&, std::size_t, std::span<st::f16 const> v) {
           values2.insert(values2.end(), v.begin(), v.end());
@@ -359,7 +360,7 @@ TEST_CASE("fp16: a run whose every step overflows stops with the reason", "[para
   st::trainer_options opts{.lr = st::test::constant_lr(1e-3), .seed = seed};
   opts.max_overflows_in_a_row = 3;
   st::trainer<st::models::gpt_model<float>, st::plan<st::precision::fp16>> t(g, adamw(), opts);
-  t.state().gradient_hook = [](auto& s) { s.owned[0].grads[0] = st::f16(std::nanf("")); };
+  t.state().set_gradient_hook([](auto& s) { s.flat().owned[0].grads[0] = st::f16(std::nanf("")); });
   CHECK(t.step(data.view(2, 8)).skipped);
   CHECK(t.step(data.view(2, 8)).skipped);
   try {
@@ -442,7 +443,9 @@ public:
     p.ops.insert(p.ops.begin() + static_cast<std::ptrdiff_t>(at) + 1,
                  eng::pass_op(eng::op_code::custom, id));
   }
-  void run(eng::op const&, eng::state<T>& s) override { s.grad_scale *= s.loss_scale; }
+  void run(eng::op const&, eng::state<T>& s) override {
+    s.values().grad_scale *= s.values().loss_scale;
+  }
 };
 
 // SGD (momentum 0.9) without clipping, `k` steps of the whole batch on one rank: the losses

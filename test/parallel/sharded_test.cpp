@@ -140,7 +140,7 @@ TEMPLATE_TEST_CASE("each step issues the reduce-scatters and all-gathers of its 
     st::trainer<decltype(m), plan> t(
         mesh, m, eng::use<st::optim::adamw<float>>(),
         {.lr = st::test::constant_lr(1e-3), .clip = 1.0, .seed = seed});
-    std::size_t const segments = t.state().segments.size();
+    std::size_t const segments = t.state().flat().segments.size();
     STRATA_CHECK(segments >= 1);
     if constexpr (S == 3)
       STRATA_CHECK(segments == 5); // one unit per layer with parameters
@@ -163,7 +163,7 @@ TEMPLATE_TEST_CASE("each step issues the reduce-scatters and all-gathers of its 
     // Every stage: one all-reduce for the loss, one for the clipping norm.
     STRATA_CHECK_MSG(ar == steps * 2u, seen);
     std::size_t flat = 0;
-    for (auto const& g : t.state().segments)
+    for (auto const& g : t.state().flat().segments)
       flat += g.size;
     if constexpr (S == 1) {
       // Once per segment on the last micro-batch; the whole padded flat buffer.

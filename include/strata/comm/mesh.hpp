@@ -4,7 +4,9 @@
 #include <strata/comm/communicator.hpp>
 #include <strata/core/error.hpp>
 
+#include <array>
 #include <string>
+#include <string_view>
 
 namespace strata::comm {
 
@@ -55,6 +57,32 @@ public:
   C& dp() noexcept { return dp_; }
   C& tp() noexcept { return tp_; }
   C& pp() noexcept { return pp_; }
+
+  /// The mesh's axes by name, in Megatron's nesting order (pp outermost, tp fastest).
+  static constexpr std::array<std::string_view, 3> axis_names{"pp", "dp", "tp"};
+  /// The communicator of a named axis ("dp", "tp", "pp"): what a strategy's option_traits
+  /// names as its axis. Throws config_error naming the axes for another name.
+  C& axis(std::string_view name) {
+    if (name == "dp")
+      return dp_;
+    if (name == "tp")
+      return tp_;
+    if (name == "pp")
+      return pp_;
+    throw config_error("strata: the mesh has no axis \"" + std::string(name) +
+                       "\": its axes are pp, dp and tp");
+  }
+  /// The size of a named axis (as axis()).
+  int axis_size(std::string_view name) const {
+    if (name == "dp")
+      return shape_.dp;
+    if (name == "tp")
+      return shape_.tp;
+    if (name == "pp")
+      return shape_.pp;
+    throw config_error("strata: the mesh has no axis \"" + std::string(name) +
+                       "\": its axes are pp, dp and tp");
+  }
 
 private:
   static mesh_shape resolve(int world, mesh_shape s) {

@@ -2,6 +2,7 @@
 // records the trace.
 #pragma once
 
+#include <strata/core/device.hpp>
 #include <strata/engine/op.hpp>
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
@@ -18,10 +19,11 @@ namespace strata::engine {
 /// Runs every operation of a program in order: the engine's own on the state, the others by
 /// the pass that inserted them. On an exception every pass is told to abort, then the
 /// exception propagates.
-template <class T>
+template <class T, class Device = host>
 class executor {
 public:
-  void run(program const& p, state<T>& s, std::vector<std::unique_ptr<pass<T>>>& passes, trace& t) {
+  void run(program const& p, state<T, Device>& s,
+           std::vector<std::unique_ptr<pass<T, Device>>>& passes, trace& t) {
     t.begin_step();
     std::uint32_t i = 0;
     try {
@@ -43,7 +45,7 @@ public:
   }
 
 private:
-  static void run_own(op const& o, state<T>& s) {
+  static void run_own(op const& o, state<T, Device>& s) {
     switch (o.code) {
     case op_code::zero_grad:
       s.run_zero_grad();

@@ -55,7 +55,9 @@ inline constexpr std::uint16_t engine_owner = 0xffff;
 /// One operation. `owner` is the pass that inserted it and runs it (engine_owner: the
 /// engine). `layer` is a global layer index (0 = the model's first layer), `chunk` the
 /// pipeline chunk on this rank, `slot` which of the chunk's activation slots the
-/// micro-batch uses; `arg` belongs to the owner (a bucket, a unit, a peer).
+/// micro-batch uses; `kind` and `arg` belong to the owner: the kind is what the operation
+/// does among the owner's operations (named by pass::kind_name for tables and traces), the
+/// argument which of its objects it works on (a bucket, a unit, a transfer group).
 struct op {
   op_code code = op_code::custom;
   std::uint8_t flags = 0;
@@ -65,6 +67,7 @@ struct op {
   std::uint32_t layer = 0;
   std::uint32_t micro_batch = 0;
   std::uint32_t arg = 0;
+  std::uint8_t kind = 0;
 
   constexpr bool has(op_flags f) const noexcept { return (flags & f) != 0; }
   constexpr bool first() const noexcept { return has(first_micro_batch); }
@@ -73,12 +76,15 @@ struct op {
   constexpr bool completes_grads() const noexcept { return has(grads_complete); }
 };
 
-/// An operation a pass inserts: its code, its owner (the pass's id) and the owner's argument.
-constexpr op pass_op(op_code code, std::uint16_t owner, std::uint32_t arg = 0) noexcept {
+/// An operation a pass inserts: its code, its owner (the pass's id), the owner's argument and
+/// the owner's kind of operation.
+constexpr op pass_op(op_code code, std::uint16_t owner, std::uint32_t arg = 0,
+                     std::uint8_t kind = 0) noexcept {
   op o{};
   o.code = code;
   o.owner = owner;
   o.arg = arg;
+  o.kind = kind;
   return o;
 }
 

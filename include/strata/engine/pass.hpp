@@ -1,6 +1,7 @@
 // pass: what a strategy or policy is to the engine — it inserts operations and runs them.
 #pragma once
 
+#include <strata/core/device.hpp>
 #include <strata/engine/op.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
@@ -13,28 +14,33 @@
 namespace strata::engine {
 
 /// A strategy (data parallel, sharded, pipeline, tensor parallel) or policy (precision,
-/// recompute) as the engine sees it. The trainer calls, in this order and in the library's
-/// fold order of passes:
+/// recompute) as the engine sees it; option_traits<O>::make_pass makes it. The trainer calls,
+/// in this order and in the fold order of the plan's options (option_traits<O>::fold):
+///   places(), place(...)  a pass that splits the layers over ranks (the pipeline) chooses
+///                         this rank's chunks from every layer's description;
+///   prepare_build(b)      before the model's build() (twice under a pipeline: describing
+///                         every layer, then building this rank's): e.g. the tp group;
 ///   configure(state)      after the layers are built, before the flat buffers are laid out:
-///                         cut them into segments (state.segment_of_layer, segment_align),
-///                         say which full buffers the engine allocates (hold_values,
-///                         hold_grads), chain reduce_norm_sq;
+///                         cut them into segments (state.flat(): segment_of_layer,
+///                         segment_align), say which full buffers the engine allocates
+///                         (hold_values, hold_grads), register with state.reductions() what
+///                         it adds to the norm and the votes;
 ///   setup(state)          after the parameters are bound and initialised, before the
-///                         optimizer is made for state.owned: broadcast them, build buckets or
+///                         optimizer is made for flat().owned: broadcast them, build buckets or
 ///                         shards, choose what this rank updates (owned) and reports (pieces),
 ///                         allocate communication buffers — the pass allocates here (and, for
 ///                         what a program needs, in rewrite), never per step;
 ///   rewrite(program, id)  insert this pass's operations (owner = id) into the training
 ///                         program; rewrite_eval the forward-only program;
 ///   run(op, state)        execute one operation this pass inserted, each step (a pass
-///                         that splits the batch over ranks also averages state.loss_sum
-///                         over them within the program, so every rank reports the global
-///                         loss);
+///                         that splits the batch over ranks also averages
+///                         state.reductions().loss() over them within the program, so every
+///                         rank reports the global loss);
 ///   abort()               this rank failed mid-step: release what other threads of this
 ///                         rank may wait on (the communicator tells the other ranks).
 /// The whole program is known before it runs, so a pass can look ahead: the operation after
 /// the current one in execution order, the last micro-batch, the next unit to gather.
-template <class T>
+template <class T, class Device = host>
 class pass {
 public:
   virtual ~pass() = default;
@@ -42,11 +48,21 @@ public:
   /// A pass that decides the order of computation (the pipeline) fills `out` with this
   /// rank's schedule for m micro-batches (training, or forward-only) and returns true.
   virtual bool schedule(std::size_t, bool, std::vector<schedule_entry>&) { return false; }
-  virtual void configure(state<T>&) {}
-  virtual void setup(state<T>&) {}
+  /// Whether this pass places layers on ranks (then place() is called, once).
+  virtual bool places() const noexcept { return false; }
+  /// Chooses this rank's chunks from every layer's description (`all`, built without
+  /// storage); `stage_first` receives the first layer of every stage.
+  virtual void place(std::vector<typename model_builder<T>::layer_info> const& /*all*/,
+                     std::vector<chunk_layers>& /*chunks*/,
+                     std::vector<std::size_t>& /*stage_first*/) {}
+  virtual void prepare_build(model_builder<T>&) {}
+  /// The name of an operation kind this pass defines (op::kind), for tables and traces.
+  virtual std::string_view kind_name(std::uint8_t) const noexcept { return {}; }
+  virtual void configure(state<T, Device>&) {}
+  virtual void setup(state<T, Device>&) {}
   virtual void rewrite(program&, std::uint16_t) {}
   virtual void rewrite_eval(program&, std::uint16_t) {}
-  virtual void run(op const&, state<T>&) {}
+  virtual void run(op const&, state<T, Device>&) {}
   virtual void abort() noexcept {}
 };
 

@@ -188,7 +188,8 @@ public:
   }
 
   /// One line per operation: "  12  backward  layer 3  mb 1  chunk 0  slot 0  [last]  owner".
-  std::string table(std::function<std::string(std::uint16_t)> const& owner_name = {}) const {
+  /// owner_name(op) names an inserted operation's owner (and its kind: "sharded:gather").
+  std::string table(std::function<std::string(op const&)> const& owner_name = {}) const {
     std::string s;
     char line[160];
     for (std::size_t i = 0; i < ops.size(); ++i) {
@@ -207,7 +208,7 @@ public:
       if (o.completes_grads())
         s += " grads";
       if (o.owner != engine_owner)
-        s += "  [" + (owner_name ? owner_name(o.owner) : std::to_string(o.owner)) + "]";
+        s += "  [" + (owner_name ? owner_name(o) : std::to_string(o.owner)) + "]";
       s += '\n';
     }
     return s;

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,18 +66,23 @@ public:
     return count_;
   }
 
-  /// One line per event: index, operation, start and duration in microseconds.
-  std::string table(program const& p) const {
+  /// One line per event: index, operation, start and duration in microseconds, and for an
+  /// operation a pass inserted, owner_name(op) (its pass and kind: "[recompute:offload]").
+  std::string table(program const& p,
+                    std::function<std::string(op const&)> const& owner_name = {}) const {
     std::string s;
     char line[160];
     for (std::size_t i = 0; i < count_; ++i) {
       op const& o = p.ops[events_[i].index];
-      std::snprintf(
-          line, sizeof line, "%5u  %-14.*s layer %-3u mb %-3u arg %-4u %10.1f us %9.1f us\n",
-          events_[i].index, static_cast<int>(name_of(o.code).size()), name_of(o.code).data(),
-          o.layer, o.micro_batch, o.arg, double(events_[i].begin_ns) * 1e-3,
-          double(events_[i].end_ns - events_[i].begin_ns) * 1e-3);
+      std::snprintf(line, sizeof line,
+                    "%5u  %-14.*s layer %-3u mb %-3u arg %-4u %10.1f us %9.1f us", events_[i].index,
+                    static_cast<int>(name_of(o.code).size()), name_of(o.code).data(), o.layer,
+                    o.micro_batch, o.arg, double(events_[i].begin_ns) * 1e-3,
+                    double(events_[i].end_ns - events_[i].begin_ns) * 1e-3);
       s += line;
+      if (o.owner != engine_owner && owner_name)
+        s += "  [" + owner_name(o) + "]";
+      s += '\n';
     }
     return s;
   }

@@ -1,17 +1,19 @@
 // gpt_model: GPT-2's decoder — token and position embeddings, pre-LN transformer blocks, a
 // final layer norm, a linear head and the softmax cross-entropy over the vocabulary — written
-// once against Megatron's tensor-parallel layers, so the same model runs under any tp: the
-// token table and the head split over the vocabulary, attention over its heads, the MLP over
-// its hidden features (see docs/tensor_parallel.md). With tp = 1 every layer is the plain
-// one, bit for bit.
+// once with each layer's tensor-parallel split as its parameter, so the same model runs under
+// any tp: the token table and the head split over the vocabulary, attention over its heads,
+// the MLP over its hidden features (see docs/tensor_parallel.md). With tp = 1 every layer is
+// the plain one, bit for bit.
 #pragma once
 
+#include <strata/core/element.hpp>
 #include <strata/engine/node.hpp>
+#include <strata/nn/cross_entropy.hpp>
+#include <strata/nn/embedding.hpp>
 #include <strata/nn/layer_norm.hpp>
-#include <strata/nn/parallel_transformer_block.hpp>
-#include <strata/nn/sequence_parallel.hpp>
-#include <strata/nn/tensor_parallel.hpp>
-#include <strata/nn/vocab_parallel.hpp>
+#include <strata/nn/linear.hpp>
+#include <strata/nn/tp.hpp>
+#include <strata/nn/transformer_block.hpp>
 
 #include <cstddef>
 #include <string>
@@ -50,23 +52,24 @@ struct gpt_model {
   }
 
   void build(engine::model_builder<T>& b) const {
+    using C = compute_t<T>;
     gpt_config const& c = config;
     nn::tp_group const* tp = b.tp();
     bool const sp = c.sequence_parallel;
-    b.input(nn::vocab_parallel_embedding<T>("embed", c.vocab, c.seq, c.features, tp, sp));
+    b.input(nn::embedding<T, C, nn::tp::vocab>("embed", c.vocab, c.seq, c.features, tp, sp));
     for (std::size_t i = 0; i < c.layers; ++i)
-      b.add(nn::parallel_transformer_block<T>("blocks." + std::to_string(i),
-                                              {.features = c.features,
-                                               .heads = c.heads,
-                                               .hidden = 4 * c.features,
-                                               .dropout = c.dropout,
-                                               .n_layers = c.layers,
-                                               .sequence_parallel = sp},
-                                              tp));
-    b.add(nn::sequence_parallel_layer_norm<T>("norm", c.features, tp, sp));
-    b.add(nn::column_parallel_linear<T>("head", c.features, c.vocab, tp,
-                                        {.bias = false, .sequence_parallel = sp}));
-    b.loss(nn::vocab_parallel_cross_entropy<T>("loss", c.vocab, tp));
+      b.add(nn::transformer_block<T>("blocks." + std::to_string(i),
+                                     {.features = c.features,
+                                      .heads = c.heads,
+                                      .hidden = 4 * c.features,
+                                      .dropout = c.dropout,
+                                      .n_layers = c.layers,
+                                      .sequence_parallel = sp},
+                                     tp));
+    b.add(nn::layer_norm<T>("norm", c.features, tp, sp));
+    b.add(nn::linear<T, C, nn::tp::column>("head", c.features, c.vocab, tp,
+                                           {.bias = false, .sequence_parallel = sp}));
+    b.loss(nn::softmax_cross_entropy<T, C, nn::tp::vocab>("loss", c.vocab, tp));
   }
 };
 

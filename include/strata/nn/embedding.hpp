@@ -1,4 +1,20 @@
-// embedding: token and learned position embeddings, GPT-2's input layer.
+// embedding: token and learned position embeddings, GPT-2's input layer; with S = tp::vocab
+// (vocab_parallel_embedding), Megatron's token table split along the vocabulary over the tp
+// group, so the [vocab, features] table is never whole on one rank:
+//
+//   token table [vocab/tp, features] (rows rank*vocab/tp .. of the full [vocab, features]);
+//   the position table [max_seq, features] replicated;
+//     forward:  rows whose id falls in this rank's range look up locally, the others are 0;
+//               all-reduce-sum over the group (exactly one rank is non-zero), then + wpe;
+//     backward: scatter-add dy into the local token rows only, dy into wpe (the same on every
+//               rank); no communication.
+//
+// Sequence parallel (an option of the split): the output holds this rank's 1/tp of the rows:
+// the lookups are reduce-scattered over the rows instead of all-reduced, and backward
+// all-gathers dy's rows first (so every rank's position-table gradient is whole).
+//
+// With tp = 1 (a null group, null ops, or size 1) the split runs tp::none's arithmetic, bit
+// for bit.
 #pragma once
 
 #include <strata/core/element.hpp>
@@ -6,9 +22,12 @@
 #include <strata/core/tensor.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
+#include <strata/nn/detail/workspace.hpp>
 #include <strata/nn/layer.hpp>
 #include <strata/nn/parameter.hpp>
+#include <strata/nn/tp.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -72,22 +91,47 @@ void embedding_scatter_add(tensor_view<std::int32_t const> ids, tensor_view<T co
 /// "<name>.wte.weight" [vocab, features] and "<name>.wpe.weight" [max_seq, features], both
 /// normal 0.02 (GPT-2 uses 0.01 for wpe; one rule keeps the scheme simple). The first layer:
 /// its input is token ids (std::int32_t), so it has no input gradient; it is not a `layer`.
-template <floating_element T, floating_element C = compute_t<T>>
+///
+/// S = tp::vocab: "<name>.wte.weight" is a shard [vocab/tp, features] of the logical table
+/// (rows rank*vocab/tp ..), "<name>.wpe.weight" replicated. Input: token ids of the whole
+/// vocabulary, the same on every rank; output [rows, features], the same on every rank (with
+/// sequence_parallel, each rank's [rows/tp, features] slice of the rows). Throws config_error
+/// at construction when vocab does not divide by tp, and at a call whose group is not the
+/// construction's.
+template <floating_element T, floating_element C = compute_t<T>, tp::vocab_split S = tp::none>
 class embedding {
+  static constexpr bool plain = std::same_as<S, tp::none>;
+
 public:
   using value_type = T;
   using compute_type = C;
+  using split_type = S;
   using index_type = std::int32_t;
   struct saved_type {};
 
-  embedding(std::string name, std::size_t vocab, std::size_t max_seq, std::size_t features)
-      : name_(std::move(name)), vocab_(vocab), max_seq_(max_seq), features_(features),
-        wte_(name_ + ".wte.weight", {vocab, features}, {}),
-        wpe_(name_ + ".wpe.weight", {max_seq, features}, {}) {}
+  /// The plain layer.
+  embedding(std::string name, std::size_t vocab, std::size_t max_seq,
+            std::size_t features) requires plain
+      : embedding(std::move(name), vocab, max_seq, features, 1, 0, false) {}
+
+  /// The token table split over the group tp (null: tp = 1).
+  embedding(std::string name, std::size_t vocab, std::size_t max_seq, std::size_t features,
+            tp_group const* tp = nullptr, bool sequence_parallel = false) requires(!plain)
+      : embedding(std::move(name), vocab, max_seq, features, tp_size_of(tp), tp_rank_of(tp),
+                  sequence_parallel) {}
 
   std::string const& name() const noexcept { return name_; }
+  /// The whole vocabulary, and this rank's share of it: ids [vocab_begin(), + local_vocab()).
   std::size_t vocab() const noexcept { return vocab_; }
+  std::size_t local_vocab() const noexcept { return local_vocab_; }
+  std::size_t vocab_begin() const noexcept { return begin_; }
   std::size_t out_features() const noexcept { return features_; }
+  int tp_size() const noexcept { return tp_; }
+  int tp_rank() const noexcept { return rank_; }
+  /// tp under sequence parallel (the output holds 1/tp of the rows), else 1.
+  int output_row_split() const noexcept { return split_; }
+  parameter<T>& token_weight() noexcept { return wte_; }
+  parameter<T>& position_weight() noexcept { return wpe_; }
   template <class F>
   void for_each_parameter(F&& f) {
     f(wte_);
@@ -96,26 +140,87 @@ public:
 
   void forward(layer_context const& ctx, tensor_view<index_type const> ids, tensor_view<T> y,
                saved_type&) {
+    using detail::from_compute_value;
+    using detail::to_compute_value;
+    std::size_t const rows = ids.extent(0);
     check(ctx, ids);
-    detail::embedding_lookup<C>(ids, wte_.value().data(), wpe_.value().data(), features_, ctx.seq,
-                                y);
+    tp_ops* ops = ops_for(ctx);
+    T const* te = wte_.value().data();
+    T const* pe = wpe_.value().data();
+    if (ops == nullptr) { // on one device
+      detail::embedding_lookup<C>(ids, te, pe, features_, ctx.seq, y);
+      return;
+    }
+    // The local rows or zero, summed over the group (one non-zero term: exact); under
+    // sequence parallel reduce-scattered over the rows.
+    bool const scatter = split_ > 1;
+    tensor_view<T> full = scatter ? yfull_.get(rows, features_) : y;
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::size_t const id = static_cast<std::size_t>(ids(r));
+      bool const own = id >= begin_ && id < begin_ + local_vocab_;
+      for (std::size_t j = 0; j < features_; ++j)
+        full(r, j) = own ? te[(id - begin_) * features_ + j] : from_compute_value<T>(C{0});
+    }
+    if (scatter)
+      detail::tp_scatter_rows(*ops, full.data(), features_, tp_, y, ytmp_);
+    else
+      detail::tp_all_reduce(*ops, y, rows, features_, ytmp_);
+    std::size_t const first = scatter ? static_cast<std::size_t>(rank_) * y.extent(0) : 0;
+    for (std::size_t r = 0; r < y.extent(0); ++r) {
+      std::size_t const pos = (first + r) % ctx.seq;
+      for (std::size_t j = 0; j < features_; ++j)
+        y(r, j) = from_compute_value<T>(to_compute_value<C>(y(r, j)) +
+                                        to_compute_value<C>(pe[pos * features_ + j]));
+    }
   }
 
   void backward(layer_context const& ctx, tensor_view<index_type const> ids, saved_type const&,
                 tensor_view<T const> dy) {
+    tp_ops* ops = ops_for(ctx);
+    if (ops != nullptr && split_ > 1) { // every rank's rows of dy
+      std::size_t const rows = ids.extent(0);
+      T* full = dyfull_.get(rows, features_).data();
+      detail::tp_gather_rows(*ops, dy, features_, tp_, full, dytmp_);
+      dy = tensor_view<T const>(full, {rows, features_});
+    }
     detail::embedding_scatter_add<C>(ids, dy, features_, ctx.seq, wte_.grad().data(),
-                                     wpe_.grad().data());
+                                     wpe_.grad().data(), begin_, begin_ + local_vocab_);
   }
 
 private:
+  embedding(std::string name, std::size_t vocab, std::size_t max_seq, std::size_t features, int tp,
+            int rank, bool sequence_parallel)
+      : name_(std::move(name)), vocab_(vocab), max_seq_(max_seq), features_(features), tp_(tp),
+        rank_(rank), split_(detail::sp_split(sequence_parallel, tp_)),
+        local_vocab_(detail::tp_split(vocab, tp_, name_, "vocabulary entries")),
+        begin_(static_cast<std::size_t>(rank_) * local_vocab_),
+        wte_(name_ + ".wte.weight", {vocab, features}, {}, detail::tp_rows_spec(tp_, rank_)),
+        wpe_(name_ + ".wpe.weight", {max_seq, features}, {}) {}
+
+  // The group's collectives for this call: none for the plain layer (it ignores the group).
+  tp_ops* ops_for(layer_context const& ctx) const {
+    if constexpr (plain)
+      return nullptr;
+    else
+      return detail::tp_ops_for(ctx, tp_, rank_, name_);
+  }
+
   void check(layer_context const& ctx, tensor_view<index_type const> ids) const {
     detail::check_embedding_ids(ctx, ids, name_, vocab_, max_seq_);
   }
 
   std::string name_;
   std::size_t vocab_, max_seq_, features_;
+  int tp_, rank_;
+  int split_;
+  std::size_t local_vocab_, begin_;
   parameter<T> wte_;
   parameter<T> wpe_;
+  detail::workspace<T> ytmp_, yfull_, dyfull_, dytmp_;
 };
+
+/// The vocabulary split by its Megatron name.
+template <floating_element T, floating_element C = compute_t<T>>
+using vocab_parallel_embedding = embedding<T, C, tp::vocab>;
 
 } // namespace strata::nn

@@ -1,4 +1,6 @@
-// layer_norm over the feature dimension, with weight and bias.
+// layer_norm over the feature dimension, with weight and bias; under sequence parallel (with
+// tensor parallel) on this rank's 1/tp of the rows, its replicated weight and bias gradients
+// then partial sums that it all-reduces over the group.
 #pragma once
 
 #include <strata/core/element.hpp>
@@ -8,9 +10,11 @@
 #include <strata/nn/detail/workspace.hpp>
 #include <strata/nn/layer.hpp>
 #include <strata/nn/parameter.hpp>
+#include <strata/nn/tp.hpp>
 
 #include <cmath>
 #include <cstddef>
+#include <span>
 #include <string>
 
 namespace strata::nn {
@@ -18,6 +22,18 @@ namespace strata::nn {
 /// y = (x - mean) / sqrt(var + eps) * weight + bias per row, var the biased variance, in C.
 /// Parameters "<name>.weight" (ones) and "<name>.bias" (zeros), [features]. Saves the mean and
 /// 1/sqrt(var + eps) of each row (in C).
+///
+/// Sequence parallel (built with a tp group and sequence_parallel on, tp > 1): input and output
+/// hold 1/tp of the micro-batch's rows (input_row_split() = output_row_split() = tp). The
+/// weight and bias are replicated; each rank's gradients cover its rows only, so in each
+/// backward after which the engine takes the gradient buffers away
+/// (layer_context::grads_complete) the gradients accumulated since the last such backward are
+/// all-reduced over the group, in one collective of 2 x features: once a step when gradients
+/// accumulate in place (no strategy, data parallel, ZeRO-1: Megatron reduces its
+/// sequence-parallel gradients once before the optimizer), once a micro-batch when a strategy
+/// stages them per micro-batch (ZeRO-2/3), whose staging buffers the engine zeroes before and
+/// reduce-scatters after each. Without sequence parallel (or at tp = 1) the group is never
+/// used: the layer on one device, bit for bit.
 template <floating_element T, floating_element C = compute_t<T>>
 class layer_norm {
 public:
@@ -27,14 +43,24 @@ public:
     detail::workspace<C> stats{memory_kind::activations}; // rows x 2: mean, rstd
   };
 
+  /// On one device.
   layer_norm(std::string name, std::size_t features, double eps = 1e-5)
-      : name_(std::move(name)), features_(features), eps_(eps),
+      : layer_norm(std::move(name), features, nullptr, false, eps) {}
+
+  /// On this rank's rows of the group tp under sequence parallel (null: tp = 1).
+  layer_norm(std::string name, std::size_t features, tp_group const* tp,
+             bool sequence_parallel = true, double eps = 1e-5)
+      : name_(std::move(name)), features_(features), eps_(eps), tp_(tp_size_of(tp)),
+        rank_(tp_rank_of(tp)), split_(detail::sp_split(sequence_parallel, tp_)),
         weight_(name_ + ".weight", {features}, {init_rule::kind::ones, 0}),
         bias_(name_ + ".bias", {features}, {init_rule::kind::zeros, 0}) {}
 
   std::string const& name() const noexcept { return name_; }
   std::size_t in_features() const noexcept { return features_; }
   std::size_t out_features() const noexcept { return features_; }
+  /// tp under sequence parallel, else 1.
+  int input_row_split() const noexcept { return split_; }
+  int output_row_split() const noexcept { return split_; }
   template <class F>
   void for_each_parameter(F&& f) {
     f(weight_);
@@ -71,8 +97,32 @@ public:
     }
   }
 
-  void backward(layer_context const&, tensor_view<T const> x, saved_type const& s,
+  void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
+    local_backward(x, s, dy, dx);
+    if (split_ == 1 || !ctx.grads_complete)
+      return;
+    tp_ops* ops = detail::tp_ops_for(ctx, tp_, rank_, name_);
+    // weight and bias gradients, packed into one all-reduce
+    std::size_t const n = features_;
+    T* buf = packed_.get(2, n).data();
+    T* dw = weight_.grad().data();
+    T* db = bias_.grad().data();
+    for (std::size_t j = 0; j < n; ++j) {
+      buf[j] = dw[j];
+      buf[n + j] = db[j];
+    }
+    ops->all_reduce_sum(std::span<T>(buf, 2 * n));
+    for (std::size_t j = 0; j < n; ++j) {
+      dw[j] = buf[j];
+      db[j] = buf[n + j];
+    }
+  }
+
+private:
+  // The backward of this rank's rows: dx, and the gradients += their rows' sums.
+  void local_backward(tensor_view<T const> x, saved_type const& s, tensor_view<T const> dy,
+                      tensor_view<T> dx) {
     using detail::from_compute_value;
     using detail::to_compute_value;
     std::size_t const rows = x.extent(0), n = features_;
@@ -114,13 +164,18 @@ public:
     }
   }
 
-private:
   std::string name_;
   std::size_t features_;
   double eps_;
+  int tp_, rank_, split_;
   parameter<T> weight_;
   parameter<T> bias_;
   detail::workspace<C> acc_;
+  detail::workspace<T> packed_;
 };
+
+/// The layer norm of the sequence-parallel region by its Megatron name: the same layer.
+template <floating_element T, floating_element C = compute_t<T>>
+using sequence_parallel_layer_norm = layer_norm<T, C>;
 
 } // namespace strata::nn

@@ -1,4 +1,7 @@
-// mlp: GPT-2's feed-forward block, linear -> gelu -> linear.
+// mlp: GPT-2's feed-forward block, linear -> gelu -> linear; over a tp group, Megatron's
+// column-split fc -> gelu on the local hidden features -> row-split proj (one all-reduce of
+// the output forward, one of the input gradient backward; under sequence parallel an
+// all-gather of the input's rows and a reduce-scatter of the output's).
 #pragma once
 
 #include <strata/core/element.hpp>
@@ -8,6 +11,7 @@
 #include <strata/nn/detail/workspace.hpp>
 #include <strata/nn/layer.hpp>
 #include <strata/nn/linear.hpp>
+#include <strata/nn/tp.hpp>
 
 #include <cstddef>
 #include <string>
@@ -15,26 +19,45 @@
 namespace strata::nn {
 
 /// "<name>.fc" linear(d, hidden), gelu (tanh), "<name>.proj" linear(hidden, d). Saves fc's
-/// output and gelu's output.
+/// output and gelu's output. Over a tp group (null: tp = 1) fc is a column split (weight
+/// [hidden/tp, d]) and proj a row split (weight [d, hidden/tp], bias replicated); the hidden
+/// activations are [rows, hidden/tp]; with sequence_parallel, x and y hold this rank's 1/tp of
+/// the rows. Throws config_error at construction when hidden does not divide by tp.
 template <floating_element T, floating_element C = compute_t<T>>
 class mlp {
 public:
   using value_type = T;
   using compute_type = C;
+  using fc_type = linear<T, C, tp::column>;
+  using proj_type = linear<T, C, tp::row>;
   struct saved_type {
     detail::workspace<T> h{memory_kind::activations};
     detail::workspace<T> g{memory_kind::activations};
-    typename linear<T, C>::saved_type fc_saved, proj_saved;
+    typename fc_type::saved_type fc_saved;
+    typename proj_type::saved_type proj_saved;
     typename gelu<T, C>::saved_type act_saved;
   };
 
-  mlp(std::string name, std::size_t features, std::size_t hidden, init_rule proj_init = {})
-      : name_(std::move(name)), d_(features), hidden_(hidden), fc_(name_ + ".fc", features, hidden),
-        act_(name_ + ".gelu", hidden), proj_(name_ + ".proj", hidden, features, true, proj_init) {}
+  mlp(std::string name, std::size_t features, std::size_t hidden, init_rule proj_init = {},
+      tp_group const* tp = nullptr, bool sequence_parallel = false)
+      : name_(std::move(name)), d_(features),
+        split_(detail::sp_split(sequence_parallel, tp_size_of(tp))),
+        fc_(name_ + ".fc", features, hidden, tp, {.sequence_parallel = sequence_parallel}),
+        hidden_(fc_.local_out_features()), act_(name_ + ".gelu", hidden_),
+        proj_(name_ + ".proj", hidden, features, tp,
+              {.bias = true,
+               .input_is_parallel = true,
+               .sequence_parallel = sequence_parallel,
+               .weight_init = proj_init}) {}
 
   std::string const& name() const noexcept { return name_; }
   std::size_t in_features() const noexcept { return d_; }
   std::size_t out_features() const noexcept { return d_; }
+  /// tp under sequence parallel (x and y hold 1/tp of the rows), else 1.
+  int input_row_split() const noexcept { return split_; }
+  int output_row_split() const noexcept { return split_; }
+  fc_type& fc() noexcept { return fc_; }
+  proj_type& proj() noexcept { return proj_; }
   template <class F>
   void for_each_parameter(F&& f) {
     fc_.for_each_parameter(f);
@@ -42,7 +65,7 @@ public:
   }
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
-    std::size_t const rows = x.extent(0);
+    std::size_t const rows = x.extent(0) * static_cast<std::size_t>(split_);
     auto h = s.h.get(rows, hidden_);
     auto g = s.g.get(rows, hidden_);
     fc_.forward(ctx, x, h, s.fc_saved);
@@ -52,7 +75,7 @@ public:
 
   void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
-    std::size_t const rows = x.extent(0);
+    std::size_t const rows = x.extent(0) * static_cast<std::size_t>(split_);
     auto dg = dg_.get(rows, hidden_);
     auto dh = dh_.get(rows, hidden_);
     proj_.backward(ctx, s.g.view(rows, hidden_), s.proj_saved, dy, dg);
@@ -62,10 +85,12 @@ public:
 
 private:
   std::string name_;
-  std::size_t d_, hidden_;
-  linear<T, C> fc_;
+  std::size_t d_;
+  int split_;
+  fc_type fc_;
+  std::size_t hidden_; // this rank's hidden features
   gelu<T, C> act_;
-  linear<T, C> proj_;
+  proj_type proj_;
   detail::workspace<T> dg_, dh_;
 };
 

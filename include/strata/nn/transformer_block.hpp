@@ -1,4 +1,18 @@
-// transformer_block: GPT-2's pre-LN block, x + attn(ln1(x)), then + mlp(ln2(.)).
+// transformer_block: GPT-2's pre-LN block, x + attn(ln1(x)), then + mlp(ln2(.)); over a tp
+// group, Megatron's tensor parallelism: layer norms and dropouts replicated (the same
+// activations on every rank), attention with its heads split, and the MLP as column-split fc
+// -> gelu on the local hidden features -> row-split proj. Two all-reduces of the activation
+// size forward (attn.proj, mlp.proj) and two backward (the input gradients of attn.qkv and
+// mlp.fc).
+//
+// Sequence parallel (block_options::sequence_parallel): the block's input and output, its
+// layer norms, dropouts and residual adds hold this rank's 1/tp of the rows; the all-reduces
+// become an all-gather of the rows before attn.qkv and mlp.fc and a reduce-scatter after
+// attn.proj and mlp.proj (forward), and in backward an all-gather of dy's rows at each
+// projection, the inputs' rows gathered again for qkv's and fc's weight gradients, and a
+// reduce-scatter of their input gradients; the layer norms' gradients are all-reduced once a
+// step (layer_norm under sequence parallel). Dropout draws the rows' own part of one device's
+// mask.
 #pragma once
 
 #include <strata/core/element.hpp>
@@ -10,9 +24,11 @@
 #include <strata/nn/layer.hpp>
 #include <strata/nn/layer_norm.hpp>
 #include <strata/nn/mlp.hpp>
+#include <strata/nn/tp.hpp>
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
@@ -25,7 +41,7 @@ struct block_options {
   std::size_t hidden = 0;         // 0: 4 * features
   double dropout = 0.0;           // residual dropout after attn.proj and mlp.proj
   std::size_t n_layers = 0;       // > 0: GPT-2's residual scaling, proj std 0.02 / sqrt(2 n_layers)
-  bool sequence_parallel = false; // parallel_transformer_block only: rows split over tp
+  bool sequence_parallel = false; // with a tp group of size > 1: rows split over tp
 };
 
 namespace detail {
@@ -92,7 +108,11 @@ void pre_ln_block_backward(layer_context const& ctx, tensor_view<T const> x, S c
 } // namespace detail
 
 /// y = x1 + drop(mlp(ln2(x1))), x1 = x + drop(attn(ln1(x))). Children are "<name>.ln1",
-/// "<name>.attn", "<name>.ln2", "<name>.mlp" (so "blocks.3.attn.qkv.weight").
+/// "<name>.attn", "<name>.ln2", "<name>.mlp" (so "blocks.3.attn.qkv.weight"), parameters in
+/// the order ln1, attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj. Over a tp group (null: tp = 1)
+/// the split ones are shards of the logical tensors (see causal_self_attention, mlp, linear);
+/// throws config_error at construction when heads, features or the hidden width do not divide
+/// by tp.
 template <floating_element T, floating_element C = compute_t<T>>
 class transformer_block {
 public:
@@ -107,19 +127,30 @@ public:
     typename dropout<T, C>::saved_type drop1, drop2;
   };
 
-  transformer_block(std::string name, block_options o)
-      : name_(std::move(name)), d_(o.features), ln1_(name_ + ".ln1", o.features),
-        attn_(name_ + ".attn", o.features, o.heads, detail::block_proj_rule(o)),
-        ln2_(name_ + ".ln2", o.features),
+  transformer_block(std::string name, block_options o, tp_group const* tp = nullptr)
+      : name_(std::move(name)), d_(o.features),
+        split_(detail::sp_split(o.sequence_parallel, tp_size_of(tp))),
+        ln1_(name_ + ".ln1", o.features, tp, o.sequence_parallel),
+        attn_(name_ + ".attn", o.features, o.heads, tp, detail::block_proj_rule(o),
+              o.sequence_parallel),
+        ln2_(name_ + ".ln2", o.features, tp, o.sequence_parallel),
         mlp_(name_ + ".mlp", o.features, o.hidden ? o.hidden : 4 * o.features,
-             detail::block_proj_rule(o)),
+             detail::block_proj_rule(o), tp, o.sequence_parallel),
         drop1_(name_ + ".attn.drop", o.features, o.dropout),
         drop2_(name_ + ".mlp.drop", o.features, o.dropout) {}
 
   std::string const& name() const noexcept { return name_; }
   std::size_t in_features() const noexcept { return d_; }
   std::size_t out_features() const noexcept { return d_; }
+  int tp_size() const noexcept { return attn_.tp_size(); }
+  int tp_rank() const noexcept { return attn_.tp_rank(); }
+  /// tp under sequence parallel (input and output hold 1/tp of the rows), else 1.
+  int input_row_split() const noexcept { return split_; }
+  int output_row_split() const noexcept { return split_; }
   causal_self_attention<T, C>& attn() noexcept { return attn_; }
+  mlp<T, C>& ff() noexcept { return mlp_; }
+  typename mlp<T, C>::fc_type& fc() noexcept { return mlp_.fc(); }
+  typename mlp<T, C>::proj_type& proj() noexcept { return mlp_.proj(); }
   template <class F>
   void for_each_parameter(F&& f) {
     ln1_.for_each_parameter(f);
@@ -129,21 +160,34 @@ public:
   }
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
-    detail::pre_ln_block_forward<C>(ctx, x, y, s, d_, ln1_, attn_, ln2_, drop1_, drop2_,
-                                    [&](auto h2, auto m) { mlp_.forward(ctx, h2, m, s.ff); });
+    auto const c = local_context(ctx, x.extent(0));
+    detail::pre_ln_block_forward<C>(c, x, y, s, d_, ln1_, attn_, ln2_, drop1_, drop2_,
+                                    [&](auto h2, auto m) { mlp_.forward(c, h2, m, s.ff); });
   }
 
   void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
     std::size_t const rows = x.extent(0);
+    auto const c = local_context(ctx, rows);
+    // u = dh2 and dh1 arrive all-reduced (or reduce-scattered) from mlp.fc and attn.qkv.
     detail::pre_ln_block_backward<C>(
-        ctx, x, s, dy, dx, d_, ln1_, attn_, ln2_, drop1_, drop2_, t_, u_, dx1_,
-        [&](auto t, auto u) { mlp_.backward(ctx, s.h2.view(rows, d_), s.ff, t, u); });
+        c, x, s, dy, dx, d_, ln1_, attn_, ln2_, drop1_, drop2_, t_, u_, dx1_,
+        [&](auto t, auto u) { mlp_.backward(c, s.h2.view(rows, d_), s.ff, t, u); });
   }
 
 private:
+  // Under sequence parallel, the context of this rank's rows: dropout keys on the rows' place
+  // in the global batch, which starts tp_rank x local rows into the micro-batch.
+  layer_context local_context(layer_context const& ctx, std::size_t local) const noexcept {
+    layer_context c = ctx;
+    if (split_ > 1)
+      c.first_row += static_cast<std::uint64_t>(tp_rank()) * local;
+    return c;
+  }
+
   std::string name_;
   std::size_t d_;
+  int split_;
   layer_norm<T, C> ln1_;
   causal_self_attention<T, C> attn_;
   layer_norm<T, C> ln2_;
@@ -151,5 +195,9 @@ private:
   dropout<T, C> drop1_, drop2_;
   detail::workspace<T> t_, u_, dx1_;
 };
+
+/// The split block by its Megatron name: the same layer.
+template <floating_element T, floating_element C = compute_t<T>>
+using parallel_transformer_block = transformer_block<T, C>;
 
 } // namespace strata::nn

@@ -7,6 +7,7 @@
 #include <strata/comm/reduce_op.hpp>
 #include <strata/core/error.hpp>
 #include <strata/engine/op.hpp>
+#include <strata/engine/option.hpp>
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
@@ -39,13 +40,13 @@ struct bucket {
 /// parameters join the open bucket until it holds at least its cap — first_bytes for the
 /// first (small, so communication starts early), bytes for the others — and then it closes.
 /// `tail` extra elements after the parameters join the last bucket.
-template <class T>
-std::vector<bucket> make_buckets(engine::state<T> const& s, std::size_t first_bytes,
+template <class T, class D>
+std::vector<bucket> make_buckets(engine::state<T, D> const& s, std::size_t first_bytes,
                                  std::size_t bytes, std::size_t tail) {
   std::vector<bucket> out;
   bucket cur{};
   bool open = false;
-  for (auto const& e : s.params) {
+  for (auto const& e : s.flat().params) {
     if (!open) {
       cur = {e.offset, e.offset, e.layer};
       open = true;
@@ -86,20 +87,20 @@ inline std::uint64_t fnv1a(void const* data, std::size_t n,
 /// Every rank of a data-parallel group must hold the same parameters: the same count of
 /// tensors and elements, the same names and shapes (a hash of them). Throws config_error
 /// naming the ranks that differ.
-template <class T, comm::communicator C>
-void check_replicas(C& dp, engine::state<T> const& s, std::string_view who) {
+template <class T, class D, comm::communicator C>
+void check_replicas(C& dp, engine::state<T, D> const& s, std::string_view who) {
   if (dp.size() == 1)
     return;
   std::uint64_t h = 0xcbf29ce484222325ull;
-  for (auto const& e : s.params) {
+  for (auto const& e : s.flat().params) {
     h = fnv1a(e.p->name().data(), e.p->name().size(), h);
     for (std::size_t d : e.p->shape())
       h = fnv1a(&d, sizeof d, h);
   }
   std::size_t elements = 0;
-  for (auto const& e : s.params)
+  for (auto const& e : s.flat().params)
     elements += e.p->size();
-  std::int64_t mine[3] = {static_cast<std::int64_t>(s.params.size()),
+  std::int64_t mine[3] = {static_cast<std::int64_t>(s.flat().params.size()),
                           static_cast<std::int64_t>(elements), static_cast<std::int64_t>(h)};
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(dp.size()));
   dp.all_gather(std::span<std::int64_t const>(mine, 3), std::span<std::int64_t>(all));
@@ -124,21 +125,26 @@ void check_replicas(C& dp, engine::state<T> const& s, std::string_view who) {
 ///
 /// R is the type gradients are reduced in: T, or f32 for 16-bit T (precision::reduce<float>):
 /// a bucket is widened into an f32 buffer, all-reduced in f32 and rounded back once.
-template <class T, comm::communicator C, class R = T>
-class data_parallel_pass final : public engine::pass<T> {
+template <class T, comm::communicator C, class R = T, class Device = host>
+class data_parallel_pass final : public engine::pass<T, Device> {
   static constexpr bool widen = !std::is_same_v<R, T>;
   using request_t =
       decltype(std::declval<C&>().all_reduce_async(std::span<R>(), comm::reduce_op::avg));
-  enum : std::uint32_t {
-    arg_wait_all = 0xffffffffu,
-    arg_loss = 0xfffffffeu,
-    arg_divergence = 0xfffffffdu
+  enum kind : std::uint8_t {
+    k_bucket = 0,     // start a bucket's all-reduce (arg: the bucket)
+    k_wait_all = 1,   // wait for every bucket; the loss and the counts out of the tail
+    k_loss = 2,       // forward-only: the loss averaged over the replicas
+    k_divergence = 3, // compare the replicas' parameters (every divergence_every steps)
   };
 
 public:
   data_parallel_pass(C& dp, plan_descriptor::data_parallel_desc const& d) : dp_(&dp), d_(d) {}
 
   std::string_view name() const noexcept override { return "data_parallel"; }
+  std::string_view kind_name(std::uint8_t k) const noexcept override {
+    constexpr std::string_view names[] = {"bucket", "wait_all", "loss", "divergence"};
+    return k < std::size(names) ? names[k] : std::string_view{};
+  }
 
   std::vector<bucket> const& buckets() const noexcept { return buckets_; }
   C& group() noexcept { return *dp_; }
@@ -146,20 +152,20 @@ public:
   /// Extra elements after the parameters carry the step's loss and this rank's sequence
   /// count (detail::count_code) in the last bucket, so averaging the loss over the replicas
   /// and refusing replicas fed batches of different sizes cost no collective of their own.
-  void configure(engine::state<T>& s) override {
-    s.tail = std::max(s.tail, tail_size());
-    s.data_rank = static_cast<std::size_t>(dp_->rank());
+  void configure(engine::state<T, Device>& s) override {
+    s.flat().tail = std::max(s.flat().tail, tail_size());
+    s.settings().data_rank = static_cast<std::size_t>(dp_->rank());
   }
 
-  void setup(engine::state<T>& s) override {
+  void setup(engine::state<T, Device>& s) override {
     detail::check_replicas(*dp_, s, "data_parallel");
     if (dp_->size() > 1)
-      dp_->broadcast(std::span<T>(s.values.data(), s.tail_begin), 0);
+      dp_->broadcast(std::span<T>(s.flat().values.data(), s.flat().tail_begin), 0);
     buckets_ = make_buckets(s, d_.first_bucket_bytes, d_.bucket_bytes, tail_size());
     if constexpr (widen)
-      wide_ = buffer<R>(s.flat_size, memory_kind::communication, default_ledger());
+      wide_ = buffer<R, Device>(s.flat().flat_size, memory_kind::communication, default_ledger());
     requests_.assign(buckets_.size(), std::nullopt);
-    loss_slot_ = s.tail_begin;
+    loss_slot_ = s.flat().tail_begin;
   }
 
   void rewrite(engine::program& p, std::uint16_t id) override {
@@ -171,7 +177,7 @@ public:
             if (!d_.overlap)
               for (std::uint32_t b = 0; b < buckets_.size(); ++b)
                 out.push_back(engine::pass_op(op_code::collective, id, b));
-            out.push_back(engine::pass_op(op_code::wait, id, arg_wait_all));
+            out.push_back(engine::pass_op(op_code::wait, id, 0, k_wait_all));
           }
           return true;
         },
@@ -186,69 +192,66 @@ public:
                 out.push_back(c);
               }
           if (o.code == op_code::optimizer_step && d_.divergence_every > 0)
-            out.push_back(engine::pass_op(op_code::custom, id, arg_divergence));
+            out.push_back(engine::pass_op(op_code::custom, id, 0, k_divergence));
         });
   }
 
   void rewrite_eval(engine::program& p, std::uint16_t id) override {
-    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, arg_loss));
+    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, 0, k_loss));
   }
 
-  void run(engine::op const& o, engine::state<T>& s) override {
-    if (o.code == engine::op_code::collective && o.arg == arg_loss) {
-      // forward-only: average the loss over the replicas
-      double l = s.loss_sum;
-      dp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::avg);
-      s.loss_sum = l;
+  void run(engine::op const& o, engine::state<T, Device>& s) override {
+    if (o.kind == k_loss) { // forward-only: average the loss over the replicas
+      dp_->all_reduce(s.reductions().loss(), comm::reduce_op::avg);
       return;
     }
-    if (o.code == engine::op_code::collective) {
+    if (o.kind == k_bucket) {
       bucket const& b = buckets_[o.arg];
       if constexpr (carries_loss)
         if (b.end > loss_slot_) { // the last bucket carries the loss and the count
-          s.grads.data()[loss_slot_] = static_cast<T>(s.loss_sum);
-          code_.write(s.batch.sequences, s.grads.data() + loss_slot_ + 1);
+          s.flat().grads.data()[loss_slot_] = static_cast<T>(s.reductions().loss()[0]);
+          code_.write(s.values().batch.sequences, s.flat().grads.data() + loss_slot_ + 1);
         }
       if constexpr (widen) {
         std::span<R> const w(wide_.data() + b.begin, b.end - b.begin);
-        convert(std::span<T const>(s.grads.data() + b.begin, w.size()), w);
+        convert(std::span<T const>(s.flat().grads.data() + b.begin, w.size()), w);
         requests_[o.arg] = dp_->all_reduce_async(w, comm::reduce_op::avg);
       } else {
         requests_[o.arg] = dp_->all_reduce_async(
-            std::span<T>(s.grads.data() + b.begin, b.end - b.begin), comm::reduce_op::avg);
+            std::span<T>(s.flat().grads.data() + b.begin, b.end - b.begin), comm::reduce_op::avg);
       }
       return;
     }
-    if (o.code == engine::op_code::wait) {
+    if (o.kind == k_wait_all) {
       for (auto& r : requests_)
         if (r) {
-          r->wait();
+          r->wait_on(s.context().compute); // the compute queue waits (on the host: wait())
           r.reset();
         }
       if constexpr (widen) // the f32 averages, rounded once
         for (auto const& b : buckets_)
           convert(std::span<R const>(wide_.data() + b.begin, b.end - b.begin),
-                  std::span<T>(s.grads.data() + b.begin, b.end - b.begin));
+                  std::span<T>(s.flat().grads.data() + b.begin, b.end - b.begin));
       bool agrees = true;
       if constexpr (carries_loss) {
-        T* const tail = s.grads.data() + loss_slot_;
-        s.loss_sum = static_cast<double>(tail[0]);
+        T* const tail = s.flat().grads.data() + loss_slot_;
+        s.reductions().loss()[0] = static_cast<double>(tail[0]);
         agrees = code_.agrees(tail + 1);
         std::fill(tail, tail + 1 + code_.slots(), T(0));
       } else { // a 16-bit slot would round the loss: average it (and the count) in double
         double* const v = loss_count_.data();
-        v[0] = s.loss_sum;
-        wide_code_.write(s.batch.sequences, v + 1);
+        v[0] = s.reductions().loss()[0];
+        wide_code_.write(s.values().batch.sequences, v + 1);
         dp_->all_reduce(std::span<double>(loss_count_), comm::reduce_op::avg);
-        s.loss_sum = v[0];
+        s.reductions().loss()[0] = v[0];
         agrees = wide_code_.agrees(v + 1);
       }
       if (!agrees)
-        detail::refuse_uneven_batches(*dp_, s.batch.sequences, "data_parallel");
+        detail::refuse_uneven_batches(*dp_, s.values().batch.sequences, "data_parallel");
       return;
     }
-    if (o.code == engine::op_code::custom && o.arg == arg_divergence) {
-      if (s.step % static_cast<std::int64_t>(d_.divergence_every) == 0)
+    if (o.kind == k_divergence) {
+      if (s.values().step % static_cast<std::int64_t>(d_.divergence_every) == 0)
         check_divergence(s);
       return;
     }
@@ -268,9 +271,9 @@ public:
   }
 
 private:
-  void check_divergence(engine::state<T> const& s) {
-    std::int64_t const mine =
-        static_cast<std::int64_t>(detail::fnv1a(s.values.data(), s.tail_begin * sizeof(T)));
+  void check_divergence(engine::state<T, Device> const& s) {
+    std::int64_t const mine = static_cast<std::int64_t>(
+        detail::fnv1a(s.flat().values.data(), s.flat().tail_begin * sizeof(T)));
     hashes_.resize(static_cast<std::size_t>(dp_->size()));
     dp_->all_gather(std::span<std::int64_t const>(&mine, 1), std::span<std::int64_t>(hashes_));
     std::string bad;
@@ -278,8 +281,8 @@ private:
       if (hashes_[static_cast<std::size_t>(r)] != hashes_[0])
         bad += (bad.empty() ? "" : ", ") + std::to_string(r);
     if (!bad.empty())
-      throw error("strata: data_parallel: the replicas diverged at step " + std::to_string(s.step) +
-                  ": the parameters of dp rank(s) [" + bad +
+      throw error("strata: data_parallel: the replicas diverged at step " +
+                  std::to_string(s.values().step) + ": the parameters of dp rank(s) [" + bad +
                   "] differ from dp rank 0's. Replicas start equal and apply the same averaged "
                   "gradients, so something outside strata changed them (a rank-dependent "
                   "update, uninitialised memory, a non-deterministic kernel)");
@@ -291,7 +294,7 @@ private:
   std::vector<std::optional<request_t>> requests_;
   std::vector<std::int64_t> hashes_;
   std::size_t loss_slot_ = 0;
-  buffer<R> wide_; // R != T: the f32 gradients being reduced
+  buffer<R, Device> wide_; // R != T: the f32 gradients being reduced
   // f32 and f64 gradients carry the loss and the count in their last bucket; 16-bit ones
   // would round them: they go in one all-reduce of doubles.
   static constexpr bool carries_loss = sizeof(T) >= 4;
@@ -303,3 +306,27 @@ private:
 };
 
 } // namespace strata::parallel
+
+namespace strata {
+
+/// data_parallel<...> as a plan option: DDP over the dp axis.
+template <class... Os>
+struct option_traits<data_parallel<Os...>> {
+  static constexpr std::string_view name = "data_parallel";
+  static constexpr std::string_view axis = "dp";
+  static constexpr int fold = folds::data_parallel;
+  using options_type = plan_descriptor::data_parallel_desc;
+  static constexpr options_type options() noexcept {
+    plan_descriptor d;
+    data_parallel<Os...>::lower(d);
+    return d.data_parallel;
+  }
+  static void check(options_type const&, plan_context const&) {}
+  template <class T, class R, class D, class C>
+  static std::unique_ptr<engine::pass<T, D>> make_pass(options_type const& o,
+                                                       pass_context<C>& ctx) {
+    return std::make_unique<parallel::data_parallel_pass<T, C, R, D>>(ctx.mesh->dp(), o);
+  }
+};
+
+} // namespace strata

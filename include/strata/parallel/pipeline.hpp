@@ -8,9 +8,11 @@
 #include <strata/comm/reduce_op.hpp>
 #include <strata/core/error.hpp>
 #include <strata/engine/op.hpp>
+#include <strata/engine/option.hpp>
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
+#include <strata/parallel/partition.hpp>
 #include <strata/parallel/plan.hpp>
 #include <strata/parallel/schedule.hpp>
 
@@ -73,9 +75,12 @@ inline schedule_table forward_only_schedule(int p, int m, int v) {
 /// before each action one `send` operation (owner: this pass) that posts the action's group
 /// — the sends of the previous action's output and the receives this action needs — with
 /// the communicator's group(), which posts every send, then every receive, and waits.
-template <class T, comm::communicator C>
-class pipeline_pass final : public engine::pass<T> {
-  enum : std::uint32_t { arg_loss = 0xfffffffeu };
+template <class T, comm::communicator C, class Device = host>
+class pipeline_pass final : public engine::pass<T, Device> {
+  enum kind : std::uint8_t {
+    k_transfers = 0, // post one action's group of sends and receives (arg: the group)
+    k_loss = 1,      // the loss summed over the stages (only the last computed it)
+  };
 
 public:
   pipeline_pass(C& pp, plan_descriptor::pipeline_desc const& d, std::size_t micro_batches)
@@ -85,7 +90,37 @@ public:
   }
 
   std::string_view name() const noexcept override { return "pipeline_parallel"; }
+  std::string_view kind_name(std::uint8_t k) const noexcept override {
+    return k == k_loss ? "loss" : "transfers";
+  }
   schedule_table const& table() const noexcept { return table_; }
+
+  /// The pipeline places the layers: p x v stages balanced as the plan says (by parameter
+  /// count, by layer count, or at explicit boundaries); this rank runs stages rank, rank + p,
+  /// ... (one chunk each).
+  bool places() const noexcept override { return true; }
+  void place(std::vector<typename engine::model_builder<T>::layer_info> const& all,
+             std::vector<engine::chunk_layers>& chunks,
+             std::vector<std::size_t>& stage_first) override {
+    std::vector<std::size_t> cost;
+    for (auto const& l : all)
+      cost.push_back(l.parameters);
+    int const p = pp_->size(), v = d_.chunks, rank = pp_->rank();
+    std::size_t const stages = static_cast<std::size_t>(p * v);
+    stage_first = partition(cost, stages,
+                            d_.balance == 0   ? balance::parameters
+                            : d_.balance == 1 ? balance::layers
+                                              : balance::explicit_boundaries,
+                            std::span<std::size_t const>(d_.boundaries, d_.boundary_count));
+    chunks.clear();
+    for (int c = 0; c < v; ++c) {
+      std::size_t const st = static_cast<std::size_t>(c * p + rank);
+      std::size_t const b0 = stage_first[st],
+                        e0 = st + 1 < stages ? stage_first[st + 1] : cost.size();
+      chunks.push_back(
+          {static_cast<std::uint32_t>(b0), static_cast<std::uint32_t>(e0 - 1), st + 1 == stages});
+    }
+  }
   C& group() noexcept { return *pp_; }
 
   /// This rank's compute order, for the engine's program builder.
@@ -106,40 +141,34 @@ public:
     return true;
   }
 
-  void configure(engine::state<T>& s) override {
+  void configure(engine::state<T, Device>& s) override {
     // Every stage owns other parameters: the squared norms add up over the stages.
-    auto previous = std::move(s.reduce_norm_sq);
-    s.reduce_norm_sq = [this, previous](double& sq) {
-      if (previous)
-        previous(sq);
-      pp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum);
-    };
+    s.reductions().add_norm_group(
+        [this](double& sq) { pp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum); });
   }
 
   // The table's transfers, then the loss summed over the stages at the very end (after the
   // optimizer step and any data-parallel averaging).
   void rewrite(engine::program& p, std::uint16_t id) override {
     insert_groups(p, id, table_, train_groups_);
-    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, arg_loss));
+    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, 0, k_loss));
   }
 
   void rewrite_eval(engine::program& p, std::uint16_t id) override {
     insert_groups(p, id, eval_table_, eval_groups_);
-    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, arg_loss));
+    p.ops.push_back(engine::pass_op(engine::op_code::collective, id, 0, k_loss));
   }
 
-  void run(engine::op const& o, engine::state<T>& s) override {
-    if (o.code == engine::op_code::collective && o.arg == arg_loss) {
+  void run(engine::op const& o, engine::state<T, Device>& s) override {
+    if (o.kind == k_loss) {
       // Only the last stage computed losses: the sum over the stages is its value.
-      double l = s.loss_sum;
-      pp_->all_reduce(std::span<double>(&l, 1), comm::reduce_op::sum);
-      s.loss_sum = l;
+      pp_->all_reduce(s.reductions().loss(), comm::reduce_op::sum);
       return;
     }
-    auto const& groups = s.training ? train_groups_ : eval_groups_;
+    auto const& groups = s.values().training ? train_groups_ : eval_groups_;
     transfer_group const& g = groups[o.arg];
     scratch_.clear();
-    header_out_ = static_cast<std::int64_t>(s.batch.sequences);
+    header_out_ = static_cast<std::int64_t>(s.values().batch.sequences);
     header_in_.resize(std::max(header_in_.size(), g.ops.size()));
     for (std::size_t i = 0; i < g.ops.size(); ++i) {
       transfer const& t = g.ops[i];
@@ -150,22 +179,21 @@ public:
         else
           scratch_.push_back(comm::p2p::recv(std::span<std::int64_t>(&header_in_[i], 1), t.peer));
       }
-      engine::chunk_layers const& c = s.chunks[t.chunk];
-      std::uint32_t const first = c.first, last = c.last;
+      auto& a = s.activations();
       if (!t.grad) {
         if (t.send) {
-          auto y = s.out[last][t.slot].view(s.rows_out(last), s.layers[last].out);
+          auto y = a.chunk_output(t.chunk, t.slot);
           scratch_.push_back(comm::p2p::send(std::span<T const>(y.data(), y.size()), t.peer));
         } else {
-          auto x = s.in[t.chunk][t.slot].get(s.rows_in(first), s.layers[first].in);
+          auto x = a.chunk_input(t.chunk, t.slot);
           scratch_.push_back(comm::p2p::recv(std::span<T>(x.data(), x.size()), t.peer));
         }
       } else {
         if (t.send) {
-          auto dx = s.din[t.chunk].get(s.rows_in(first), s.layers[first].in);
+          auto dx = a.chunk_input_grad(t.chunk);
           scratch_.push_back(comm::p2p::send(std::span<T const>(dx.data(), dx.size()), t.peer));
         } else {
-          auto dy = s.dout[last].get(s.rows_out(last), s.layers[last].out);
+          auto dy = a.chunk_output_grad(t.chunk);
           scratch_.push_back(comm::p2p::recv(std::span<T>(dy.data(), dy.size()), t.peer));
         }
       }
@@ -290,3 +318,45 @@ private:
 };
 
 } // namespace strata::parallel
+
+namespace strata {
+
+/// pipeline_parallel<...> as a plan option: the pp axis, the layers placed on stages, the
+/// schedule's table.
+template <class... Os>
+struct option_traits<pipeline_parallel<Os...>> {
+  static constexpr std::string_view name = "pipeline_parallel";
+  static constexpr std::string_view axis = "pp";
+  static constexpr int fold = folds::pipeline;
+  using options_type = plan_descriptor::pipeline_desc;
+  static constexpr options_type options() noexcept {
+    plan_descriptor d;
+    pipeline_parallel<Os...>::lower(d);
+    return d.pipeline;
+  }
+  static void check(options_type const& o, plan_context const& c) {
+    int const p = c.shape.pp, v = o.chunks;
+    if (v < 1)
+      throw config_error("strata: runtime plan: a pipeline with " + std::to_string(v) +
+                         " chunks: give at least 1");
+    if (o.stages != 0 && o.stages != p)
+      throw config_error("strata: the plan names stages<" + std::to_string(o.stages) +
+                         "> but the mesh has pp = " + std::to_string(p) +
+                         ": build the mesh with pp = " + std::to_string(o.stages));
+    std::size_t const m = c.micro_batches;
+    if (v > 1 && m % static_cast<std::size_t>(p) != 0)
+      throw config_error("strata: interleaved 1F1B with " + std::to_string(m) +
+                         " micro-batches on pp = " + std::to_string(p) +
+                         " stages: the micro-batches must be a multiple of pp; use " +
+                         std::to_string((m + static_cast<std::size_t>(p) - 1) /
+                                        static_cast<std::size_t>(p) * static_cast<std::size_t>(p)));
+  }
+  template <class T, class R, class D, class C>
+  static std::unique_ptr<engine::pass<T, D>> make_pass(options_type const& o,
+                                                       pass_context<C>& ctx) {
+    return std::make_unique<parallel::pipeline_pass<T, C, D>>(ctx.mesh->pp(), o,
+                                                              ctx.plan.micro_batches);
+  }
+};
+
+} // namespace strata

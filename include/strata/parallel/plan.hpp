@@ -2,12 +2,19 @@
 // once; the plan lowers to a plan_descriptor (values) that the trainer builds passes from.
 #pragma once
 
+#include <strata/core/error.hpp>
+#include <strata/engine/option.hpp>
 #include <strata/policy/precision.hpp>
 #include <strata/policy/recompute.hpp>
 
+#include <any>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 namespace strata {
 
@@ -457,25 +464,46 @@ struct is_tensor_parallel : std::false_type {};
 template <class... Os>
 struct is_tensor_parallel<tensor_parallel<Os...>> : std::true_type {};
 
-template <class T>
-struct is_recompute : std::false_type {};
-template <>
-struct is_recompute<recompute::none> : std::true_type {};
-template <>
-struct is_recompute<recompute::full> : std::true_type {};
-template <std::size_t K>
-struct is_recompute<recompute::every_k<K>> : std::true_type {};
-template <>
-struct is_recompute<recompute::selective> : std::true_type {};
-template <class P>
-struct is_recompute<recompute::offload<P>> : std::true_type {};
-
+// The library's options, and any type with an option_traits specialisation (a user's
+// strategy or policy).
 template <class T>
 inline constexpr bool is_plan_option_v =
     is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
     is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value ||
-    is_precision<T>::value || is_reduce_type<T>::value;
+    is_precision<T>::value || is_reduce_type<T>::value || plan_option<T>;
 
+template <class T>
+inline constexpr bool is_builtin_v =
+    is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
+    is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value ||
+    is_precision<T>::value || is_reduce_type<T>::value;
+// The mesh axis an option uses ("" for none).
+template <class T>
+inline constexpr std::string_view axis_of = [] {
+  if constexpr (is_data_parallel<T>::value || is_sharded<T>::value)
+    return std::string_view("dp");
+  else if constexpr (is_tensor_parallel<T>::value)
+    return std::string_view("tp");
+  else if constexpr (is_pipeline_parallel<T>::value)
+    return std::string_view("pp");
+  else if constexpr (is_builtin_v<T>)
+    return std::string_view{};
+  else if constexpr (plan_option<T>)
+    return std::string_view(option_traits<T>::axis);
+  else
+    return std::string_view{};
+}();
+// Whether a user's option O shares its mesh axis with another option of Os (the library's
+// own pairs are refused by their own asserts, with their own sentences).
+template <class O, class... Os>
+constexpr bool shares_axis() {
+  if constexpr (is_builtin_v<O>)
+    return false;
+  else {
+    constexpr std::string_view a = axis_of<O>;
+    return !a.empty() && (std::size_t{0} + ... + (axis_of<Os> == a ? 1 : 0)) > 1;
+  }
+}
 template <class T>
 inline constexpr std::size_t micro_batch_mentions = [] {
   if constexpr (is_micro_batches<T>::value)
@@ -501,8 +529,9 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
     d.precision.kind = O::kind;
   else if constexpr (is_reduce_type<O>::value)
     d.precision.reduce_f32 = true;
-  else
+  else if constexpr (requires { O::lower(d); })
     O::lower(d);
+  // a user's option has no place in the library's descriptor: its traits carry it
 }
 } // namespace detail
 
@@ -544,6 +573,15 @@ struct plan {
   static_assert((std::size_t{0} + ... + detail::micro_batch_mentions<Options>) <= 1,
                 "strata: plan<...> names micro_batches twice (in the plan and in a strategy): "
                 "give it once");
+  static_assert((!detail::shares_axis<Options, Options...>() && ...),
+                "strata: plan<...> names two strategies over the same mesh axis: each axis is "
+                "one strategy's; keep one of them");
+
+  /// Calls f.template operator()<O>() for each option, in the plan's order.
+  template <class F>
+  static constexpr void for_each_option(F&& f) {
+    (f.template operator()<Options>(), ...);
+  }
 
   static constexpr plan_descriptor descriptor() noexcept {
     plan_descriptor d;
@@ -571,30 +609,122 @@ constexpr bool check_plan() {
   return true;
 }
 
+/// One option of a layout chosen at run time: its name (option_traits<O>::name) and its
+/// settings (an option_traits<O>::options_type).
+struct layout_option {
+  std::string name;
+  std::any options;
+};
+
+/// A layout chosen at run time (a tool reading it from flags): the options by name, each
+/// with its settings, and the micro-batches. The trainer finds each name among the library's
+/// options and the runtime plan's extensions (runtime_plan<Precision, Extensions...>) and
+/// builds it through the same option_traits a plan<...> uses.
+struct runtime_layout {
+  std::size_t micro_batches = 1;
+  std::vector<layout_option> options;
+
+  /// Adds option O with the settings O names (or the given ones).
+  template <plan_option O>
+  runtime_layout& add() {
+    return add(std::string(option_traits<O>::name), option_traits<O>::options());
+  }
+  template <class Options>
+  runtime_layout& add(std::string name, Options o) {
+    options.push_back({std::move(name), std::any(std::move(o))});
+    return *this;
+  }
+
+  /// The layout of a plan_descriptor (the library's options only); precision_kind is the
+  /// runtime plan's (the descriptor's must match: the precision is a type).
+  static runtime_layout from(plan_descriptor const& d, int precision_kind) {
+    auto fail = [](std::string const& what) {
+      throw config_error("strata: runtime plan: " + what);
+    };
+    if (d.precision.reduce_f32)
+      fail("precision::reduce<float> is a compile-time choice (the reduction type): use a "
+           "plan<...> type for it");
+    if (d.precision.kind != precision_kind)
+      fail("the layout's precision differs from runtime_plan<Precision>'s: the precision is "
+           "the trainer's element type, chosen by the type");
+    runtime_layout l;
+    l.micro_batches = d.micro_batches;
+    if (d.data_parallel.enabled)
+      l.add("data_parallel", d.data_parallel);
+    if (d.sharded.enabled)
+      l.add("sharded", d.sharded);
+    if (d.tensor_parallel.enabled)
+      l.add("tensor_parallel", d.tensor_parallel);
+    if (d.pipeline.enabled)
+      l.add("pipeline_parallel", d.pipeline);
+    if (d.recompute.every > 0 || d.recompute.selective || d.recompute.offload)
+      l.add("recompute",
+            recompute_options{d.recompute.every, d.recompute.selective, d.recompute.offload});
+    return l;
+  }
+};
+
 /// A plan whose layout is chosen at run time: trainer<Model, runtime_plan<Precision>> takes a
-/// plan_descriptor at construction (a tool choosing its layout from flags). Only the precision
-/// is a type (it is the trainer's element type); the trainer checks the layout when it is
-/// built, where a plan<...> is checked by the compiler. Its own descriptor() is one rank's.
-template <class Precision = precision::fp32>
+/// runtime_layout (or a plan_descriptor) at construction. Only the precision is a type (it is
+/// the trainer's element type); Extensions are the user's option types a layout may name
+/// besides the library's. The trainer checks the layout when it is built, where a plan<...>
+/// is checked by the compiler. Its own descriptor() is one rank's.
+template <class Precision = precision::fp32, class... Extensions>
 struct runtime_plan {
   static_assert(detail::is_precision<Precision>::value,
                 "strata: runtime_plan<Precision>: Precision is precision::fp32, bf16 or fp16");
+  static_assert((plan_option<Extensions> && ...),
+                "strata: runtime_plan<Precision, Extensions...>: each extension needs an "
+                "option_traits specialisation");
   static constexpr plan_descriptor descriptor() noexcept {
     plan_descriptor d;
     d.precision.kind = Precision::kind;
     return d;
   }
+  template <class F>
+  static constexpr void for_each_option(F&& f) {
+    f.template operator()<Precision>();
+  }
+  template <class F>
+  static constexpr void for_each_extension(F&& f) {
+    (f.template operator()<Extensions>(), ...);
+  }
 };
+
+namespace detail {
+template <class... Os>
+struct first_precision {
+  using type = precision::fp32;
+};
+template <class O, class... Os>
+struct first_precision<O, Os...> {
+  using type = std::conditional_t<is_precision<O>::value, O, typename first_precision<Os...>::type>;
+};
+template <class Plan>
+struct plan_precision;
+template <class... Os>
+struct plan_precision<plan<Os...>> {
+  using type = typename first_precision<Os...>::type;
+};
+template <class P, class... E>
+struct plan_precision<runtime_plan<P, E...>> {
+  using type = P;
+};
+} // namespace detail
+
+/// The precision policy a plan names (precision::fp32 when it names none).
+template <class Plan>
+using plan_precision_t = typename detail::plan_precision<Plan>::type;
 
 template <class T>
 struct is_plan : std::false_type {};
 template <class... Os>
 struct is_plan<plan<Os...>> : std::true_type {};
-template <class P>
-struct is_plan<runtime_plan<P>> : std::true_type {};
+template <class P, class... E>
+struct is_plan<runtime_plan<P, E...>> : std::true_type {};
 template <class T>
 struct is_runtime_plan : std::false_type {};
-template <class P>
-struct is_runtime_plan<runtime_plan<P>> : std::true_type {};
+template <class P, class... E>
+struct is_runtime_plan<runtime_plan<P, E...>> : std::true_type {};
 
 } // namespace strata

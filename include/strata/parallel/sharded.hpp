@@ -10,6 +10,7 @@
 #include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
 #include <strata/engine/op.hpp>
+#include <strata/engine/option.hpp>
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
@@ -54,13 +55,13 @@ namespace detail {
 /// gradients are complete at one point of the program. Stage 3: unit_layers layers with
 /// parameters per segment (a unit); stages 1 and 2: layers join in backward order until the
 /// segment holds bucket_bytes (first_bucket_bytes for the first), as data parallel's buckets.
-template <class T>
-std::vector<std::int32_t> shard_segments(engine::state<T> const& s,
+template <class T, class D>
+std::vector<std::int32_t> shard_segments(engine::state<T, D> const& s,
                                          plan_descriptor::sharded_desc const& d) {
-  std::vector<std::int32_t> seg(s.layers.size(), -1);
+  std::vector<std::int32_t> seg(s.model().layers.size(), -1);
   auto chunk_of = [&](std::size_t l) {
-    for (std::size_t c = 0; c < s.chunks.size(); ++c)
-      if (l >= s.chunks[c].first && l <= s.chunks[c].last)
+    for (std::size_t c = 0; c < s.model().chunks.size(); ++c)
+      if (l >= s.model().chunks[c].first && l <= s.model().chunks[c].last)
         return static_cast<std::int64_t>(c);
     return std::int64_t{-1};
   };
@@ -68,8 +69,8 @@ std::vector<std::int32_t> shard_segments(engine::state<T> const& s,
   std::int64_t chunk = -2;
   std::size_t fill = 0;
   bool open = false;
-  for (std::size_t l = s.layers.size(); l-- > 0;) {
-    if (!s.nodes[l] || s.layers[l].parameters == 0)
+  for (std::size_t l = s.model().layers.size(); l-- > 0;) {
+    if (!s.model().nodes[l] || s.model().layers[l].parameters == 0)
       continue;
     std::int64_t const c = chunk_of(l);
     if (!open || c != chunk) {
@@ -83,7 +84,7 @@ std::vector<std::int32_t> shard_segments(engine::state<T> const& s,
       if (++fill >= d.unit_layers)
         open = false;
     } else {
-      fill += s.layers[l].parameters * sizeof(T);
+      fill += s.model().layers[l].parameters * sizeof(T);
       if (fill >= (id == 0 ? d.first_bucket_bytes : d.bucket_bytes))
         open = false;
     }
@@ -124,16 +125,16 @@ void fill_nan(T* p, std::size_t n) noexcept {
 /// R is the type gradients are reduced in: T, or f32 for 16-bit T (precision::reduce<float>):
 /// each segment's gradients are widened into an f32 buffer, reduce-scattered in f32 and added
 /// into the 16-bit shard with one rounding.
-template <class T, comm::communicator C, class R = T>
-class sharded_pass final : public engine::pass<T> {
+template <class T, comm::communicator C, class R = T, class Device = host>
+class sharded_pass final : public engine::pass<T, Device> {
   static constexpr bool widen = !std::is_same_v<R, T>;
   using rs_request = decltype(std::declval<C&>().reduce_scatter_async(
       std::span<R const>(), std::span<R>(), comm::reduce_op::avg));
   using ag_request =
       decltype(std::declval<C&>().all_gather_async(std::span<T const>(), std::span<T>()));
 
-  // What an operation of this pass does: the top byte of its arg; the rest is a segment.
-  enum kind : std::uint32_t {
+  // What an operation of this pass does (op::kind); its arg is a segment.
+  enum kind : std::uint8_t {
     k_zero = 1,     // clear the gradient shard (start of a step)
     k_prepare,      // a segment's backward starts: staging slot ready, gradients bound to it
     k_reduce,       // a segment's backward is complete: start its reduce-scatter
@@ -145,14 +146,17 @@ class sharded_pass final : public engine::pass<T> {
     k_wait,         // stage 3: a unit's gather is needed now
     k_free,         // stage 3: release a unit's slot
   };
-  static constexpr std::uint32_t arg(kind k, std::uint32_t seg) noexcept {
-    return (static_cast<std::uint32_t>(k) << 24) | seg;
-  }
 
 public:
   sharded_pass(C& dp, plan_descriptor::sharded_desc const& d) : dp_(&dp), d_(d) {}
 
   std::string_view name() const noexcept override { return "sharded"; }
+  std::string_view kind_name(std::uint8_t k) const noexcept override {
+    constexpr std::string_view names[] = {"",       "zero",        "prepare",      "reduce",
+                                          "drain",  "loss",        "gather_param", "wait_param",
+                                          "gather", "wait_gather", "free"};
+    return k < std::size(names) ? names[k] : std::string_view{};
+  }
   C& group() noexcept { return *dp_; }
   int stage() const noexcept { return d_.stage; }
   /// Gather slots of stage 3 (each the size of the largest unit).
@@ -162,22 +166,18 @@ public:
   /// Elements of the largest segment (padding included).
   std::size_t largest_segment() const noexcept { return max_size_; }
 
-  void configure(engine::state<T>& s) override {
-    s.segment_of_layer = detail::shard_segments(s, d_);
-    s.data_rank = static_cast<std::size_t>(dp_->rank());
-    s.segment_align = static_cast<std::size_t>(dp_->size());
-    s.hold_values = d_.stage < 3;
-    s.hold_grads = d_.stage == 1;
+  void configure(engine::state<T, Device>& s) override {
+    s.flat().segment_of_layer = detail::shard_segments(s, d_);
+    s.settings().data_rank = static_cast<std::size_t>(dp_->rank());
+    s.flat().segment_align = static_cast<std::size_t>(dp_->size());
+    s.flat().hold_values = d_.stage < 3;
+    s.flat().hold_grads = d_.stage == 1;
     // Each element is counted on one rank: the squared norms add up over the dp group.
-    auto previous = std::move(s.reduce_norm_sq);
-    s.reduce_norm_sq = [this, previous](double& sq) {
-      dp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum);
-      if (previous)
-        previous(sq);
-    };
+    s.reductions().add_norm_group(
+        [this](double& sq) { dp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum); });
   }
 
-  void setup(engine::state<T>& s) override {
+  void setup(engine::state<T, Device>& s) override {
     state_ = &s;
     detail::check_replicas(*dp_, s, "sharded");
     std::size_t const n = static_cast<std::size_t>(dp_->size());
@@ -185,54 +185,56 @@ public:
     auto& ledger = default_ledger();
     segs_.clear();
     shard_total_ = max_size_ = max_slice_ = 0;
-    for (auto const& g : s.segments) {
+    for (auto const& g : s.flat().segments) {
       std::size_t const c = g.size / n;
       segs_.push_back({g.begin + r * c, c, shard_total_});
       shard_total_ += c;
       max_size_ = std::max(max_size_, g.size);
       max_slice_ = std::max(max_slice_, c);
     }
-    value_base_.assign(s.segments.size(), nullptr);
-    grad_base_.assign(s.segments.size(), nullptr);
+    value_base_.assign(s.flat().segments.size(), nullptr);
+    grad_base_.assign(s.flat().segments.size(), nullptr);
     seg_requests_.clear();
-    seg_requests_.resize(s.segments.size());
+    seg_requests_.resize(s.flat().segments.size());
     param_requests_.clear();
-    param_requests_.resize(s.segments.size());
+    param_requests_.resize(s.flat().segments.size());
     if (d_.stage == 1) {
       if (n > 1)
-        dp_->broadcast(std::span<T>(s.values.data(), s.flat_size), 0);
+        dp_->broadcast(std::span<T>(s.flat().values.data(), s.flat().flat_size), 0);
       if constexpr (widen)
-        wide_flat_ = buffer<R>(s.flat_size, memory_kind::communication, ledger);
-      s.owned.clear();
-      s.grad_pieces.clear();
+        wide_flat_ = buffer<R, Device>(s.flat().flat_size, memory_kind::communication, ledger);
+      s.flat().owned.clear();
+      s.flat().grad_pieces.clear();
       for (std::size_t g = 0; g < segs_.size(); ++g) {
         auto const& v = segs_[g];
-        s.add_owned(s.values.data() + v.begin, s.grads.data() + v.begin, v.begin, v.count,
-                    v.shard_offset);
-        s.add_pieces(s.grad_pieces, v.begin, v.count, s.grads.data() + v.begin);
+        s.flat().add_owned(s.flat().values.data() + v.begin, s.flat().grads.data() + v.begin,
+                           v.begin, v.count, v.shard_offset);
+        s.flat().add_pieces(s.flat().grad_pieces, v.begin, v.count,
+                            s.flat().grads.data() + v.begin);
       }
       return;
     }
-    shard_grads_ = buffer<T>(shard_total_, memory_kind::gradients, ledger);
-    std::memset(static_cast<void*>(shard_grads_.data()), 0, shard_total_ * sizeof(T));
+    shard_grads_ = buffer<T, Device>(shard_total_, memory_kind::gradients, ledger);
+    clear(shard_grads_.data(), shard_total_);
     for (std::size_t k = 0; k < 2; ++k) {
-      staging_[k] = buffer<T>(max_size_, memory_kind::gradients, ledger);
-      std::memset(static_cast<void*>(staging_[k].data()), 0, max_size_ * sizeof(T));
-      reduced_[k] = buffer<R>(max_slice_, memory_kind::communication, ledger);
+      staging_[k] = buffer<T, Device>(max_size_, memory_kind::gradients, ledger);
+      clear(staging_[k].data(), max_size_);
+      reduced_[k] = buffer<R, Device>(max_slice_, memory_kind::communication, ledger);
       if constexpr (widen)
-        wide_[k] = buffer<R>(max_size_, memory_kind::communication, ledger);
+        wide_[k] = buffer<R, Device>(max_size_, memory_kind::communication, ledger);
     }
-    s.owned.clear();
-    s.grad_pieces.clear();
+    s.flat().owned.clear();
+    s.flat().grad_pieces.clear();
     if (d_.stage == 2) {
       if (n > 1)
-        dp_->broadcast(std::span<T>(s.values.data(), s.flat_size), 0);
+        dp_->broadcast(std::span<T>(s.flat().values.data(), s.flat().flat_size), 0);
       for (std::size_t g = 0; g < segs_.size(); ++g) {
         auto const& v = segs_[g];
-        value_base_[g] = s.values.data() + s.segments[g].begin;
-        s.add_owned(s.values.data() + v.begin, shard_grads_.data() + v.shard_offset, v.begin,
-                    v.count, v.shard_offset);
-        s.add_pieces(s.grad_pieces, v.begin, v.count, shard_grads_.data() + v.shard_offset);
+        value_base_[g] = s.flat().values.data() + s.flat().segments[g].begin;
+        s.flat().add_owned(s.flat().values.data() + v.begin, shard_grads_.data() + v.shard_offset,
+                           v.begin, v.count, v.shard_offset);
+        s.flat().add_pieces(s.flat().grad_pieces, v.begin, v.count,
+                            shard_grads_.data() + v.shard_offset);
         bind(g);
       }
       return;
@@ -240,22 +242,24 @@ public:
     // Stage 3: the rank's slices only, initialised in place (a parameter's elements are a
     // function of its name, the seed and the element index, so the slices are those of the
     // model one rank would build); the full model is never allocated.
-    shard_values_ = buffer<T>(shard_total_, memory_kind::parameters, ledger);
-    std::memset(static_cast<void*>(shard_values_.data()), 0, shard_total_ * sizeof(T));
-    s.value_pieces.clear();
+    shard_values_ = buffer<T, Device>(shard_total_, memory_kind::parameters, ledger);
+    clear(shard_values_.data(), shard_total_);
+    s.flat().value_pieces.clear();
     for (std::size_t g = 0; g < segs_.size(); ++g) {
       auto const& v = segs_[g];
       T* const base = shard_values_.data() + v.shard_offset;
-      std::size_t const before = s.value_pieces.size();
-      s.add_pieces(s.value_pieces, v.begin, v.count, base);
-      for (std::size_t i = before; i < s.value_pieces.size(); ++i) {
-        auto const& pc = s.value_pieces[i];
-        auto* p = s.params[pc.param].p;
+      std::size_t const before = s.flat().value_pieces.size();
+      s.flat().add_pieces(s.flat().value_pieces, v.begin, v.count, base);
+      for (std::size_t i = before; i < s.flat().value_pieces.size(); ++i) {
+        auto const& pc = s.flat().value_pieces[i];
+        auto* p = s.flat().params[pc.param].p;
         nn::init_values(std::span<T>(const_cast<T*>(pc.data), pc.count), p->name(), p->rule(),
-                        s.seed, pc.first);
+                        s.settings().seed, pc.first);
       }
-      s.add_pieces(s.grad_pieces, v.begin, v.count, shard_grads_.data() + v.shard_offset);
-      s.add_owned(base, shard_grads_.data() + v.shard_offset, v.begin, v.count, v.shard_offset);
+      s.flat().add_pieces(s.flat().grad_pieces, v.begin, v.count,
+                          shard_grads_.data() + v.shard_offset);
+      s.flat().add_owned(base, shard_grads_.data() + v.shard_offset, v.begin, v.count,
+                         v.shard_offset);
     }
   }
 
@@ -265,11 +269,11 @@ public:
     std::size_t const n_ops = p.ops.size();
     std::vector<std::vector<op>> before(n_ops + 1), after(n_ops);
     auto mk = [id](op_code c, kind k, std::uint32_t seg = 0, std::uint16_t slot = 0) {
-      op o = engine::pass_op(c, id, arg(k, seg));
+      op o = engine::pass_op(c, id, seg, k);
       o.slot = slot;
       return o;
     };
-    auto const& segmap = state_->segment_of_layer;
+    auto const& segmap = state_->flat().segment_of_layer;
     auto seg_of = [&](op const& o) -> std::int32_t {
       return o.layer < segmap.size() ? segmap[o.layer] : -1;
     };
@@ -293,7 +297,7 @@ public:
       // micro-batch (its lowest layer's backward).
       if (d_.stage == 1 && is_engine(o, op_code::backward) && o.last()) {
         std::int32_t const g = seg_of(o);
-        if (g >= 0 && state_->segments[static_cast<std::size_t>(g)].first_layer == o.layer)
+        if (g >= 0 && state_->flat().segments[static_cast<std::size_t>(g)].first_layer == o.layer)
           after[i].push_back(mk(op_code::collective, k_reduce, static_cast<std::uint32_t>(g)));
       }
     }
@@ -342,42 +346,42 @@ public:
     std::vector<std::vector<engine::op>> before(n_ops + 1), after(n_ops);
     if (d_.stage == 3)
       plan_gathers(p, id, false, before, after);
-    engine::op l = engine::pass_op(engine::op_code::collective, id, arg(k_loss, 0));
+    engine::op l = engine::pass_op(engine::op_code::collective, id, 0, k_loss);
     before[n_ops].push_back(l);
     apply(p, before, after);
   }
 
-  void run(engine::op const& o, engine::state<T>& s) override {
-    auto const k = static_cast<kind>(o.arg >> 24);
-    std::uint32_t const g = o.arg & 0xffffffu;
+  void run(engine::op const& o, engine::state<T, Device>& s) override {
+    auto const k = static_cast<kind>(o.kind);
+    std::uint32_t const g = o.arg;
     switch (k) {
     case k_zero:
       if (shard_total_ != 0)
-        std::memset(static_cast<void*>(shard_grads_.data()), 0, shard_total_ * sizeof(T));
+        clear(shard_grads_.data(), shard_total_);
       return;
     case k_prepare: {
       complete(o.slot);
-      auto const& sg = s.segments[g];
-      std::memset(static_cast<void*>(staging_[o.slot].data()), 0, sg.size * sizeof(T));
+      auto const& sg = s.flat().segments[g];
+      clear(staging_[o.slot].data(), sg.size);
       grad_base_[g] = staging_[o.slot].data();
       bind(g);
       return;
     }
     case k_reduce: {
-      auto const& sg = s.segments[g];
+      auto const& sg = s.flat().segments[g];
       auto const& v = segs_[g];
       if (d_.stage == 1) {
         if constexpr (widen) {
           R* const w = wide_flat_.data();
-          convert(std::span<T const>(s.grads.data() + sg.begin, sg.size),
+          convert(std::span<T const>(s.flat().grads.data() + sg.begin, sg.size),
                   std::span<R>(w + sg.begin, sg.size));
           seg_requests_[g] =
               dp_->reduce_scatter_async(std::span<R const>(w + sg.begin, sg.size),
                                         std::span<R>(w + v.begin, v.count), comm::reduce_op::avg);
         } else {
           seg_requests_[g] = dp_->reduce_scatter_async(
-              std::span<T const>(s.grads.data() + sg.begin, sg.size),
-              std::span<T>(s.grads.data() + v.begin, v.count), comm::reduce_op::avg);
+              std::span<T const>(s.flat().grads.data() + sg.begin, sg.size),
+              std::span<T>(s.flat().grads.data() + v.begin, v.count), comm::reduce_op::avg);
         }
         return;
       }
@@ -405,7 +409,7 @@ public:
         if constexpr (widen) // the reduced f32 slices, rounded once into the 16-bit shard
           for (auto const& v : segs_)
             convert(std::span<R const>(wide_flat_.data() + v.begin, v.count),
-                    std::span<T>(s.grads.data() + v.begin, v.count));
+                    std::span<T>(s.flat().grads.data() + v.begin, v.count));
         if constexpr (STRATA_POISON_UNOWNED)
           poison_unowned_grads(s);
       } else {
@@ -417,20 +421,20 @@ public:
       // The loss averaged over the dp group, with this rank's sequence count riding along:
       // replicas fed batches of different sizes are refused before the update.
       double* const v = loss_count_.data();
-      v[0] = s.loss_sum;
-      code_.write(s.batch.sequences, v + 1);
+      v[0] = s.reductions().loss()[0];
+      code_.write(s.values().batch.sequences, v + 1);
       dp_->all_reduce(std::span<double>(loss_count_), comm::reduce_op::avg);
-      s.loss_sum = v[0];
-      if (s.training && !code_.agrees(v + 1))
-        detail::refuse_uneven_batches(*dp_, s.batch.sequences, "sharded");
+      s.reductions().loss()[0] = v[0];
+      if (s.values().training && !code_.agrees(v + 1))
+        detail::refuse_uneven_batches(*dp_, s.values().batch.sequences, "sharded");
       return;
     }
     case k_gather_param: {
-      auto const& sg = s.segments[g];
+      auto const& sg = s.flat().segments[g];
       auto const& v = segs_[g];
       param_requests_[g] =
-          dp_->all_gather_async(std::span<T const>(s.values.data() + v.begin, v.count),
-                                std::span<T>(s.values.data() + sg.begin, sg.size));
+          dp_->all_gather_async(std::span<T const>(s.flat().values.data() + v.begin, v.count),
+                                std::span<T>(s.flat().values.data() + sg.begin, sg.size));
       return;
     }
     case k_wait_param:
@@ -444,7 +448,7 @@ public:
       auto const& v = segs_[g];
       slot_requests_[o.slot] =
           dp_->all_gather_async(std::span<T const>(shard_values_.data() + v.shard_offset, v.count),
-                                std::span<T>(slots_[o.slot].data(), s.segments[g].size));
+                                std::span<T>(slots_[o.slot].data(), s.flat().segments[g].size));
       return;
     }
     case k_wait:
@@ -459,7 +463,7 @@ public:
       value_base_[g] = nullptr;
       bind(g);
       if constexpr (STRATA_POISON_UNOWNED)
-        detail::fill_nan(slots_[o.slot].data(), s.segments[g].size);
+        detail::fill_nan(slots_[o.slot].data(), s.flat().segments[g].size);
       return;
     }
   }
@@ -508,9 +512,9 @@ private:
 
   /// Binds segment g's parameters to its current value and gradient storage.
   void bind(std::size_t g) noexcept {
-    auto const& sg = state_->segments[g];
+    auto const& sg = state_->flat().segments[g];
     for (std::size_t i = sg.params_begin; i < sg.params_end; ++i) {
-      auto const& e = state_->params[i];
+      auto const& e = state_->flat().params[i];
       std::size_t const off = e.offset - sg.begin;
       e.p->bind(value_base_[g] ? value_base_[g] + off : nullptr,
                 grad_base_[g] ? grad_base_[g] + off : nullptr);
@@ -519,6 +523,8 @@ private:
 
   /// Finishes the reduce-scatter in flight from staging slot k: adds the reduced slice into
   /// the gradient shard; the staging buffer is spent.
+  static void clear(T* p, std::size_t n) noexcept { engine::flat_layout<T, Device>::clear(p, n); }
+
   void complete(std::size_t k) {
     if (!rs_pending_[k])
       return;
@@ -535,17 +541,18 @@ private:
                                  element_cast<compute_t<T>>(src[i]));
     }
     if constexpr (STRATA_POISON_UNOWNED) {
-      detail::fill_nan(staging_[k].data(), state_->segments[rs_segment_[k]].size);
+      detail::fill_nan(staging_[k].data(), state_->flat().segments[rs_segment_[k]].size);
       detail::fill_nan(reduced_[k].data(), v.count);
     }
   }
 
-  void poison_unowned_grads(engine::state<T>& s) noexcept {
+  void poison_unowned_grads(engine::state<T, Device>& s) noexcept {
     for (std::size_t g = 0; g < segs_.size(); ++g) {
-      auto const& sg = s.segments[g];
+      auto const& sg = s.flat().segments[g];
       auto const& v = segs_[g];
-      detail::fill_nan(s.grads.data() + sg.begin, v.begin - sg.begin);
-      detail::fill_nan(s.grads.data() + v.begin + v.count, sg.begin + sg.size - v.begin - v.count);
+      detail::fill_nan(s.flat().grads.data() + sg.begin, v.begin - sg.begin);
+      detail::fill_nan(s.flat().grads.data() + v.begin + v.count,
+                       sg.begin + sg.size - v.begin - v.count);
     }
   }
 
@@ -563,7 +570,7 @@ private:
       bool ends_forward;
     };
     std::vector<use> uses;
-    auto const& segmap = state_->segment_of_layer;
+    auto const& segmap = state_->flat().segment_of_layer;
     for (std::size_t i = 0; i < p.ops.size(); ++i) {
       op const& o = p.ops[i];
       if (o.owner != engine::engine_owner ||
@@ -581,7 +588,7 @@ private:
       }
     }
     auto mk = [id](op_code c, kind k, std::uint32_t seg, std::uint16_t slot) {
-      op o = engine::pass_op(c, id, arg(k, seg));
+      op o = engine::pass_op(c, id, seg, k);
       o.slot = slot;
       return o;
     };
@@ -636,7 +643,7 @@ private:
       if constexpr (STRATA_POISON_UNOWNED)
         detail::fill_nan(slots_.back().data(), max_size_);
       else
-        std::memset(static_cast<void*>(slots_.back().data()), 0, max_size_ * sizeof(T));
+        clear(slots_.back().data(), max_size_);
       slot_requests_.emplace_back();
     }
   }
@@ -645,20 +652,48 @@ private:
   plan_descriptor::sharded_desc d_;
   detail::count_code<double> code_{dp_->size()};
   std::vector<double> loss_count_ = std::vector<double>(1 + code_.slots());
-  engine::state<T>* state_ = nullptr;
+  engine::state<T, Device>* state_ = nullptr;
   std::vector<slice> segs_;
   std::size_t shard_total_ = 0, max_size_ = 0, max_slice_ = 0;
   std::vector<T*> value_base_, grad_base_;
-  buffer<T> shard_values_, shard_grads_;
-  std::array<buffer<T>, 2> staging_;
-  std::array<buffer<R>, 2> reduced_, wide_; // wide_: f32 copies of staging_ (R != T)
-  buffer<R> wide_flat_;                     // stage 1, R != T: the f32 gradients
+  buffer<T, Device> shard_values_, shard_grads_;
+  std::array<buffer<T, Device>, 2> staging_;
+  std::array<buffer<R, Device>, 2> reduced_, wide_; // wide_: f32 copies of staging_ (R != T)
+  buffer<R, Device> wide_flat_;                     // stage 1, R != T: the f32 gradients
   std::array<std::optional<rs_request>, 2> rs_pending_;
   std::array<std::uint32_t, 2> rs_segment_{};
   std::vector<std::optional<rs_request>> seg_requests_;
   std::vector<std::optional<ag_request>> param_requests_;
-  std::vector<buffer<T>> slots_;
+  std::vector<buffer<T, Device>> slots_;
   std::vector<std::optional<ag_request>> slot_requests_;
 };
 
 } // namespace strata::parallel
+
+namespace strata {
+
+/// sharded<...> as a plan option: ZeRO over the dp axis.
+template <class... Os>
+struct option_traits<sharded<Os...>> {
+  static constexpr std::string_view name = "sharded";
+  static constexpr std::string_view axis = "dp";
+  static constexpr int fold = folds::data_parallel;
+  using options_type = plan_descriptor::sharded_desc;
+  static constexpr options_type options() noexcept {
+    plan_descriptor d;
+    sharded<Os...>::lower(d);
+    return d.sharded;
+  }
+  static void check(options_type const& o, plan_context const&) {
+    if (o.stage < 1 || o.stage > 3)
+      throw config_error("strata: runtime plan: sharded stage " + std::to_string(o.stage) +
+                         ": zero<S> needs S = 1, 2 or 3");
+  }
+  template <class T, class R, class D, class C>
+  static std::unique_ptr<engine::pass<T, D>> make_pass(options_type const& o,
+                                                       pass_context<C>& ctx) {
+    return std::make_unique<parallel::sharded_pass<T, C, R, D>>(ctx.mesh->dp(), o);
+  }
+};
+
+} // namespace strata

@@ -52,6 +52,12 @@ struct reduce {
 };
 } // namespace precision
 
+/// The precision policy's settings as values.
+struct precision_options {
+  int kind = 0;            // 0 fp32 (the model's type), 1 bf16, 2 fp16 (dynamic loss scaling)
+  bool reduce_f32 = false; // precision::reduce<float>: gradients reduced in f32
+};
+
 namespace detail {
 template <class T>
 struct is_precision : std::false_type {};

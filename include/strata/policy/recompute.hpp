@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 namespace strata {
 
@@ -54,5 +55,27 @@ struct offload {
   static constexpr bool offloads = true;
 };
 } // namespace recompute
+
+/// The recompute policy's settings as values.
+struct recompute_options {
+  std::size_t every = 0;  // 0: none; k: one hidden layer in every k re-runs its forward
+  bool selective = false; // attention re-creates its probabilities in backward
+  bool offload = false;   // the recomputed layers' inputs live in a host pool
+};
+
+namespace detail {
+template <class T>
+struct is_recompute : std::false_type {};
+template <>
+struct is_recompute<recompute::none> : std::true_type {};
+template <>
+struct is_recompute<recompute::full> : std::true_type {};
+template <std::size_t K>
+struct is_recompute<recompute::every_k<K>> : std::true_type {};
+template <>
+struct is_recompute<recompute::selective> : std::true_type {};
+template <class P>
+struct is_recompute<recompute::offload<P>> : std::true_type {};
+} // namespace detail
 
 } // namespace strata
