@@ -161,7 +161,7 @@ mp_figures mp_measure(mp_trainer<Precision>& t, mp_trainer<precision::fp32>* fp3
   f.peak = peaks_of(t);
   using trainer_t = std::remove_cvref_t<decltype(t)>;
   if (auto const* pp =
-          t.template find_pass<st::policy::precision_pass<typename trainer_t::value_type>>())
+          t.template find_pass<policy::precision_pass<typename trainer_t::value_type>>())
     f.master_bytes = pp->master().size() * sizeof(float);
   return f;
 }

@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
         auto const* z =
             dynamic_cast<st::parallel::sharded_pass<float, mpi_comm> const*>(t->passes()[0].get());
         smallest_grads = static_cast<std::int64_t>(
-            (z && z->stage() > 1 ? z->shard_size() : t->state().flat_size) * sizeof(float));
+            (z && z->stage() > 1 ? z->shard_size() : t->state().flat().flat_size) * sizeof(float));
       }
       // The measured trainer; returns whether the check failed on any rank.
       auto run = [&](fault f) {
