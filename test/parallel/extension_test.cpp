@@ -37,7 +37,14 @@ namespace user {
 /// does not split the data), and every N steps the replicas compare a checksum of their
 /// parameters, raising when one differs. It claims the dp axis, adds an operation of its own
 /// after the optimizer's step, and counts what it ran.
-template <std::size_t N>
+struct on_dp {
+  static constexpr std::string_view name = "dp";
+};
+struct on_rep { // an axis of its own, which the mesh is built with
+  static constexpr std::string_view name = "rep";
+};
+
+template <std::size_t N, class Axis = on_dp>
 struct replicate_and_compare {
   static_assert(N >= 1, "user: replicate_and_compare<N> needs N >= 1");
 };
@@ -89,10 +96,10 @@ private:
 
 } // namespace user
 
-template <std::size_t N>
-struct strata::option_traits<user::replicate_and_compare<N>> {
+template <std::size_t N, class Axis>
+struct strata::option_traits<user::replicate_and_compare<N, Axis>> {
   static constexpr std::string_view name = "replicate_and_compare";
-  static constexpr std::string_view axis = "dp";
+  static constexpr std::string_view axis = Axis::name;
   static constexpr int fold = folds::data_parallel;
   using options_type = user::replicate_options;
   static constexpr options_type options() noexcept { return {N}; }
@@ -227,6 +234,63 @@ TEST_CASE("the user's strategy fails when a replica really diverges", "[extensio
   });
   CHECK_THAT(what[0], Contains("dp rank 1 differs from dp rank 0 at step 1"));
   CHECK_THAT(what[1], Contains("dp rank 1 differs from dp rank 0 at step 1"));
+}
+
+TEST_CASE("a user's strategy over a mesh axis of its own", "[extension]") {
+  std::uint64_t const seed = st::test::seed();
+  auto const data = st::test::make_parity_data(mlp, {.sequences = 8, .seq = 1}, seed);
+  using replicas = user::replicate_and_compare<1, user::on_rep>;
+  std::vector<std::vector<double>> got(4);
+  std::vector<std::string> refused(3);
+  std::vector<int> coords(8);
+  st::comm::local::run(4, [&](st::comm::local::communicator& world) {
+    auto const r = static_cast<std::size_t>(world.rank());
+    // rep 2 outside dp 2: world rank = dp + 2 * rep.
+    st::comm::mesh mesh(world, {.dp = 0}, {{"rep", 2}});
+    coords[2 * r] = mesh.axis_coord("rep");
+    coords[2 * r + 1] = mesh.axis("rep").rank() * 10 + mesh.coords().dp;
+    CHECK(mesh.shape().dp == 2);
+    CHECK(mesh.axis_size("rep") == 2);
+    {
+      st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(mesh, mlp, sgd(),
+                                                                            opts(seed));
+      auto const d = static_cast<std::size_t>(mesh.coords().dp);
+      for (int k = 0; k < 3; ++k)
+        got[r].push_back(t.step(data.slice(d * 4, 4, 1, 12)).loss);
+    }
+    auto refuse = [&](auto make, std::size_t i) {
+      try {
+        make();
+      } catch (st::config_error const& e) {
+        if (r == 0)
+          refused[i] = e.what();
+      }
+    };
+    refuse(
+        [&] {
+          st::trainer<decltype(mlp), st::plan<st::data_parallel<>>> t(mesh, mlp, sgd(), opts(seed));
+        },
+        0); // the rep axis unclaimed
+    st::comm::mesh plain(world, {.dp = 4});
+    refuse(
+        [&] {
+          st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(plain, mlp, sgd(),
+                                                                                opts(seed));
+        },
+        1); // the strategy's axis missing from the mesh
+    refuse([&] { st::comm::mesh bad(world, {.dp = 0}, {{"rep", 3}}); }, 2);
+  });
+  for (std::size_t r = 0; r < 4; ++r) {
+    CHECK(coords[2 * r] == static_cast<int>(r / 2));
+    CHECK(coords[2 * r + 1] == static_cast<int>(r / 2) * 10 + static_cast<int>(r % 2));
+  }
+  CHECK(got[0] == got[2]); // the replicas over rep agree bit for bit (and compared every step)
+  CHECK(got[1] == got[3]);
+  CHECK(got[0] == got[1]); // data parallel reports the global loss
+  CHECK_THAT(refused[0], Contains("the mesh has rep = 2 but the plan has no option over the "
+                                  "\"rep\" axis"));
+  CHECK_THAT(refused[1], Contains("the mesh has no axis \"rep\": its axes are pp, dp, tp"));
+  CHECK_THAT(refused[2], Contains("do not divide the world of 4 ranks"));
 }
 
 // ---- a second device type ------------------------------------------------------------------

@@ -4,9 +4,10 @@
 #include <strata/comm/communicator.hpp>
 #include <strata/core/error.hpp>
 
-#include <array>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace strata::comm {
 
@@ -26,31 +27,63 @@ struct mesh_coords {
   friend bool operator==(mesh_coords const&, mesh_coords const&) = default;
 };
 
+/// An axis of the mesh beyond dp, tp and pp, named by the strategy that uses it (a user's
+/// strategy's option_traits<O>::axis: context or expert parallelism, say).
+struct mesh_axis {
+  std::string name;
+  int size = 1;
+};
+
 /// The ranks of one world arranged as pp x dp x tp, tensor parallel fastest, as Megatron
 /// orders them: world rank = tp + tp_size * (dp + dp_size * pp). Tensor-parallel peers are
 /// neighbouring ranks (on one machine, sharing its fastest links); pipeline stages are the
 /// farthest apart. Each axis has its own communicator, whose rank is the coordinate on that
-/// axis. Building a mesh is collective over the world (it splits it three times).
+/// axis. Building a mesh is collective over the world (it splits it once per axis).
+///
+/// Extra named axes (mesh_axis, outermost first) go outside pp: world rank = inner +
+/// inner_size * e, where inner is the pp x dp x tp rank above and e the extra coordinates'
+/// linear index (the last extra axis fastest); dp = 0 then fills what the extra axes and
+/// tp x pp leave. rank_at and coords_of speak of this rank's pp x dp x tp block.
 ///
 /// The mesh keeps a reference to `world`, which must outlive it.
 template <communicator C>
 class mesh {
 public:
-  mesh(C& world, mesh_shape shape)
-      : world_(&world), shape_(resolve(world.size(), shape)), coords_(coords_of(world.rank())),
-        tp_(world.split(coords_.pp * shape_.dp + coords_.dp, coords_.tp)),
-        dp_(world.split(coords_.pp * shape_.tp + coords_.tp, coords_.dp)),
-        pp_(world.split(coords_.dp * shape_.tp + coords_.tp, coords_.pp)) {}
+  mesh(C& world, mesh_shape shape, std::vector<mesh_axis> extra = {})
+      : world_(&world), extra_(checked_extra(std::move(extra))),
+        shape_(resolve(inner_world(world.size(), extra_), shape)),
+        inner_(shape_.dp * shape_.tp * shape_.pp), e_(world.rank() / inner_),
+        coords_(coords_of(world.rank())),
+        tp_(world.split(e_ * shape_.pp * shape_.dp + coords_.pp * shape_.dp + coords_.dp,
+                        coords_.tp)),
+        dp_(world.split(e_ * shape_.pp * shape_.tp + coords_.pp * shape_.tp + coords_.tp,
+                        coords_.dp)),
+        pp_(world.split(e_ * shape_.dp * shape_.tp + coords_.dp * shape_.tp + coords_.tp,
+                        coords_.pp)) {
+    // One communicator per extra axis: the ranks that differ only in that coordinate.
+    int const inner_rank = world.rank() % inner_;
+    for (std::size_t k = 0; k < extra_.size(); ++k) {
+      int stride = 1; // of axis k in e (the last axis fastest)
+      for (std::size_t j = k + 1; j < extra_.size(); ++j)
+        stride *= extra_[j].size;
+      int const coord = (e_ / stride) % extra_[k].size;
+      int const rest = e_ - coord * stride; // e with coordinate k set to 0
+      extra_coords_.push_back(coord);
+      extra_groups_.push_back(world.split(inner_rank + inner_ * rest, coord));
+    }
+  }
 
   mesh_shape shape() const noexcept { return shape_; }
   mesh_coords coords() const noexcept { return coords_; }
 
-  /// The world rank at the given coordinates.
-  int rank_at(mesh_coords c) const noexcept { return c.tp + shape_.tp * (c.dp + shape_.dp * c.pp); }
+  /// The world rank at the given coordinates (in this rank's pp x dp x tp block).
+  int rank_at(mesh_coords c) const noexcept {
+    return inner_ * e_ + c.tp + shape_.tp * (c.dp + shape_.dp * c.pp);
+  }
   /// The coordinates of a world rank.
   mesh_coords coords_of(int world_rank) const noexcept {
-    return {(world_rank / shape_.tp) % shape_.dp, world_rank % shape_.tp,
-            world_rank / (shape_.tp * shape_.dp)};
+    int const r = world_rank % (shape_.dp * shape_.tp * shape_.pp);
+    return {(r / shape_.tp) % shape_.dp, r % shape_.tp, r / (shape_.tp * shape_.dp)};
   }
 
   C& world() noexcept { return *world_; }
@@ -58,10 +91,18 @@ public:
   C& tp() noexcept { return tp_; }
   C& pp() noexcept { return pp_; }
 
-  /// The mesh's axes by name, in Megatron's nesting order (pp outermost, tp fastest).
-  static constexpr std::array<std::string_view, 3> axis_names{"pp", "dp", "tp"};
-  /// The communicator of a named axis ("dp", "tp", "pp"): what a strategy's option_traits
-  /// names as its axis. Throws config_error naming the axes for another name.
+  /// The mesh's extra axes (beyond dp, tp and pp), outermost first.
+  std::vector<mesh_axis> const& extra_axes() const noexcept { return extra_; }
+  /// Every axis's name: the extra axes, then pp, dp and tp.
+  std::vector<std::string_view> axis_names() const {
+    std::vector<std::string_view> n;
+    for (auto const& a : extra_)
+      n.push_back(a.name);
+    n.insert(n.end(), {"pp", "dp", "tp"});
+    return n;
+  }
+  /// The communicator of a named axis ("dp", "tp", "pp" or an extra axis): what a strategy's
+  /// option_traits names as its axis. Throws config_error naming the axes for another name.
   C& axis(std::string_view name) {
     if (name == "dp")
       return dp_;
@@ -69,8 +110,7 @@ public:
       return tp_;
     if (name == "pp")
       return pp_;
-    throw config_error("strata: the mesh has no axis \"" + std::string(name) +
-                       "\": its axes are pp, dp and tp");
+    return extra_groups_[index_of(name)];
   }
   /// The size of a named axis (as axis()).
   int axis_size(std::string_view name) const {
@@ -80,11 +120,59 @@ public:
       return shape_.tp;
     if (name == "pp")
       return shape_.pp;
-    throw config_error("strata: the mesh has no axis \"" + std::string(name) +
-                       "\": its axes are pp, dp and tp");
+    return extra_[index_of(name)].size;
+  }
+  /// This rank's coordinate on a named axis (as axis()).
+  int axis_coord(std::string_view name) const {
+    if (name == "dp")
+      return coords_.dp;
+    if (name == "tp")
+      return coords_.tp;
+    if (name == "pp")
+      return coords_.pp;
+    return extra_coords_[index_of(name)];
   }
 
 private:
+  std::size_t index_of(std::string_view name) const {
+    for (std::size_t k = 0; k < extra_.size(); ++k)
+      if (extra_[k].name == name)
+        return k;
+    std::string all;
+    for (auto n : axis_names())
+      all += (all.empty() ? "" : ", ") + std::string(n);
+    throw config_error("strata: the mesh has no axis \"" + std::string(name) + "\": its axes are " +
+                       all);
+  }
+  static std::vector<mesh_axis> checked_extra(std::vector<mesh_axis> x) {
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      if (x[k].size < 1)
+        throw config_error("strata: mesh axis \"" + x[k].name + "\" has size " +
+                           std::to_string(x[k].size) + ": give it 1 or more");
+      if (x[k].name.empty() || x[k].name == "dp" || x[k].name == "tp" || x[k].name == "pp")
+        throw config_error("strata: mesh axis \"" + x[k].name +
+                           "\": an extra axis needs a name other than dp, tp and pp");
+      for (std::size_t j = 0; j < k; ++j)
+        if (x[j].name == x[k].name)
+          throw config_error("strata: mesh axis \"" + x[k].name + "\" is named twice");
+    }
+    return x;
+  }
+  // The ranks of one pp x dp x tp block: the world over the extra axes' product.
+  static int inner_world(int world, std::vector<mesh_axis> const& x) {
+    int n = 1;
+    std::string sizes;
+    for (auto const& a : x) {
+      n *= a.size;
+      sizes += (sizes.empty() ? "" : " x ") + a.name + " " + std::to_string(a.size);
+    }
+    if (world % n != 0)
+      throw config_error("strata: mesh: the extra axes (" + sizes + ") have " + std::to_string(n) +
+                         " coordinates, which do not divide the world of " + std::to_string(world) +
+                         " ranks");
+    return world / n;
+  }
+
   static mesh_shape resolve(int world, mesh_shape s) {
     auto text = [&] {
       return "dp = " + (s.dp ? std::to_string(s.dp) : std::string("auto")) +
@@ -110,11 +198,16 @@ private:
   }
 
   C* world_;
+  std::vector<mesh_axis> extra_;
   mesh_shape shape_;
+  int inner_ = 1; // ranks of one pp x dp x tp block
+  int e_ = 0;     // this rank's block: the extra coordinates' linear index
   mesh_coords coords_;
   C tp_;
   C dp_;
   C pp_;
+  std::vector<int> extra_coords_;
+  std::vector<C> extra_groups_;
 };
 
 } // namespace strata::comm

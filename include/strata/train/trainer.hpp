@@ -270,19 +270,25 @@ private:
                              " over the " + std::string(entries[i].axis) +
                              " axis: each mesh axis is one strategy's (sharded<zero<S>> is "
                              "data parallel with sharded state): keep one of them");
-    auto axis = [&](char const* name, int size, char const* strategy) {
+    // Each mesh axis of size > 1 is some option's.
+    auto axis = [&](std::string const& name, int size, std::string const& strategy) {
       if (size <= 1)
         return;
       for (auto const& e : entries)
         if (e.axis == name)
           return;
-      throw config_error("strata: the mesh has " + std::string(name) + " = " +
-                         std::to_string(size) + " but the plan has no " + strategy +
+      throw config_error("strata: the mesh has " + name + " = " + std::to_string(size) +
+                         " but the plan has no " + strategy +
                          ": add it to the plan, or build the mesh with " + name + " = 1");
     };
     axis("dp", shape.dp, "data_parallel<...> or sharded<...>");
     axis("tp", shape.tp, "tensor_parallel<>");
     axis("pp", shape.pp, "pipeline_parallel<...>");
+    for (auto const& x : mesh.extra_axes())
+      axis(x.name, x.size, "option over the \"" + x.name + "\" axis");
+    for (auto const& e : entries) // and each option's axis is the mesh's
+      if (!e.axis.empty())
+        (void)mesh.axis_size(e.axis);
     pass_context<C> ctx;
     ctx.mesh = &mesh;
     ctx.plan.shape = shape;
