@@ -464,19 +464,16 @@ struct is_tensor_parallel : std::false_type {};
 template <class... Os>
 struct is_tensor_parallel<tensor_parallel<Os...>> : std::true_type {};
 
-// The library's options, and any type with an option_traits specialisation (a user's
-// strategy or policy).
-template <class T>
-inline constexpr bool is_plan_option_v =
-    is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
-    is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value ||
-    is_precision<T>::value || is_reduce_type<T>::value || plan_option<T>;
-
+// The library's own options.
 template <class T>
 inline constexpr bool is_builtin_v =
     is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
     is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value ||
     is_precision<T>::value || is_reduce_type<T>::value;
+// The library's options, and any type with an option_traits specialisation (a user's
+// strategy or policy).
+template <class T>
+inline constexpr bool is_plan_option_v = is_builtin_v<T> || plan_option<T>;
 // The mesh axis an option uses ("" for none).
 template <class T>
 inline constexpr std::string_view axis_of = [] {
