@@ -164,7 +164,7 @@ using hy_pipe = pipeline_parallel<one_f_one_b, micro_batches<4>>;
 using hy_dp_plan = plan<data_parallel<>, tensor_parallel<>, hy_pipe>;
 
 // Registered before main() runs (bench/step/main.cpp registers the other modules).
-[[maybe_unused]] bool const registered = [] {
+[[maybe_unused]] bool const hybrid_registered = [] {
   auto reg = [](char const* name, void (*f)(benchmark::State&, int), int ranks) {
     benchmark::RegisterBenchmark((std::string("hybrid_gpt/local/") + name).c_str(),
                                  [f, ranks](benchmark::State& s) { f(s, ranks); })

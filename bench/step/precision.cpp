@@ -281,7 +281,7 @@ void precision_zero3(benchmark::State& state) {
 }
 
 // Registered before main() runs (bench/step/main.cpp registers the other modules).
-[[maybe_unused]] bool const registered = [] {
+[[maybe_unused]] bool const precision_registered = [] {
   struct variant {
     char const* name;
     std::size_t blocks;

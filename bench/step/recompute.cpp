@@ -167,7 +167,7 @@ void recompute_gpt(benchmark::State& state, std::size_t blocks) {
 }
 
 // Registered before main() runs (bench/step/main.cpp registers the other modules).
-[[maybe_unused]] bool const registered = [] {
+[[maybe_unused]] bool const recompute_registered = [] {
   struct variant {
     char const* name;
     std::size_t blocks;

@@ -91,7 +91,7 @@ void add_zero_case(char const* name) {
 
 // Registered before main() runs (bench/step/main.cpp registers the other modules): ahead of
 // them in the listing.
-[[maybe_unused]] bool const registered = [] {
+[[maybe_unused]] bool const sharded_registered = [] {
   add_zero_case<plan<data_parallel<bucket_mib<4>>>>("zero_mlp/local/ddp");
   add_zero_case<plan<sharded<zero<1>, bucket_mib<4>>>>("zero_mlp/local/zero:1");
   add_zero_case<plan<sharded<zero<2>, bucket_mib<4>>>>("zero_mlp/local/zero:2");

@@ -203,7 +203,7 @@ void tp_block_local(benchmark::State& state, int ranks, bool sp) {
 }
 
 // Registered before main() runs (bench/step/main.cpp registers the other modules).
-[[maybe_unused]] bool const registered = [] {
+[[maybe_unused]] bool const tensor_parallel_registered = [] {
   struct variant {
     char const* name;
     int ranks;

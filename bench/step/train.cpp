@@ -344,7 +344,7 @@ void gpt_step(benchmark::State& state) {
 }
 
 // Registered before main runs; Eigen's MLP step first, so strata's can report the ratio.
-[[maybe_unused]] bool const registered = [] {
+[[maybe_unused]] bool const train_registered = [] {
   benchmark::RegisterBenchmark("BM_mlp_step/eigen", mlp_step_eigen)->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("BM_mlp_step/strata", mlp_step_strata)
       ->Unit(benchmark::kMillisecond);

@@ -121,14 +121,14 @@ st::models::mlp_model<float> const mlp{12, 16, 3, 5};
 st::trainer_options opts(std::uint64_t seed) {
   return {.lr = st::test::constant_lr(0.05), .clip = 1.0, .seed = seed};
 }
-auto sgd() {
+auto sgd_factory() {
   return eng::use<st::optim::sgd<float>>({.momentum = 0.9});
 }
 
 // The losses of `steps` steps of one rank on the whole batch.
 std::vector<double> reference(std::uint64_t seed, st::test::parity_data<float> const& data,
                               int steps) {
-  st::trainer<decltype(mlp)> t(mlp, sgd(), opts(seed));
+  st::trainer<decltype(mlp)> t(mlp, sgd_factory(), opts(seed));
   std::vector<double> l;
   for (int k = 0; k < steps; ++k)
     l.push_back(t.step(data.view(8, 1)).loss);
@@ -148,7 +148,7 @@ TEST_CASE("a strategy defined outside the library joins a plan, its program and 
   std::vector<int> ran(2), compared(2);
   st::comm::local::run(2, [&](st::comm::local::communicator& world) {
     st::comm::mesh mesh(world, {.dp = 2});
-    st::trainer<decltype(mlp), plan> t(mesh, mlp, sgd(), opts(seed));
+    st::trainer<decltype(mlp), plan> t(mesh, mlp, sgd_factory(), opts(seed));
     auto const r = static_cast<std::size_t>(world.rank());
     for (int k = 0; k < 4; ++k)
       got[r].push_back(t.step(data.view(8, 1)).loss); // every replica: the whole batch
@@ -182,13 +182,13 @@ TEST_CASE("the user's strategy joins a runtime plan by name, and its checks run"
     {
       st::runtime_layout layout;
       layout.add("replicate_and_compare", user::replicate_options{1});
-      st::trainer<decltype(mlp), rplan> t(mesh, mlp, sgd(), opts(seed), layout);
+      st::trainer<decltype(mlp), rplan> t(mesh, mlp, sgd_factory(), opts(seed), layout);
       for (int k = 0; k < 3; ++k)
         got[r].push_back(t.step(data.view(8, 1)).loss);
     }
     auto refuse = [&](st::runtime_layout layout, std::size_t i) {
       try {
-        st::trainer<decltype(mlp), rplan> t(mesh, mlp, sgd(), opts(seed), layout);
+        st::trainer<decltype(mlp), rplan> t(mesh, mlp, sgd_factory(), opts(seed), layout);
       } catch (st::config_error const& e) {
         if (r == 0)
           refused[i] = e.what();
@@ -222,7 +222,7 @@ TEST_CASE("the user's strategy fails when a replica really diverges", "[extensio
   std::vector<std::string> what(2);
   st::comm::local::run(2, [&](st::comm::local::communicator& world) {
     st::comm::mesh mesh(world, {.dp = 2});
-    st::trainer<decltype(mlp), st::plan<user::replicate_and_compare<1>>> t(mesh, mlp, sgd(),
+    st::trainer<decltype(mlp), st::plan<user::replicate_and_compare<1>>> t(mesh, mlp, sgd_factory(),
                                                                            opts(seed));
     if (world.rank() == 1)
       t.state().set_gradient_hook([](auto& s) { s.flat().owned[0].grads[0] += 1.0f; });
@@ -252,7 +252,7 @@ TEST_CASE("a user's strategy over a mesh axis of its own", "[extension]") {
     CHECK(mesh.shape().dp == 2);
     CHECK(mesh.axis_size("rep") == 2);
     {
-      st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(mesh, mlp, sgd(),
+      st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(mesh, mlp, sgd_factory(),
                                                                             opts(seed));
       auto const d = static_cast<std::size_t>(mesh.coords().dp);
       for (int k = 0; k < 3; ++k)
@@ -268,13 +268,13 @@ TEST_CASE("a user's strategy over a mesh axis of its own", "[extension]") {
     };
     refuse(
         [&] {
-          st::trainer<decltype(mlp), st::plan<st::data_parallel<>>> t(mesh, mlp, sgd(), opts(seed));
+          st::trainer<decltype(mlp), st::plan<st::data_parallel<>>> t(mesh, mlp, sgd_factory(), opts(seed));
         },
         0); // the rep axis unclaimed
     st::comm::mesh plain(world, {.dp = 4});
     refuse(
         [&] {
-          st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(plain, mlp, sgd(),
+          st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(plain, mlp, sgd_factory(),
                                                                                 opts(seed));
         },
         1); // the strategy's axis missing from the mesh
