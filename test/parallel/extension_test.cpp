@@ -252,8 +252,8 @@ TEST_CASE("a user's strategy over a mesh axis of its own", "[extension]") {
     CHECK(mesh.shape().dp == 2);
     CHECK(mesh.axis_size("rep") == 2);
     {
-      st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(mesh, mlp, sgd_factory(),
-                                                                            opts(seed));
+      st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(
+          mesh, mlp, sgd_factory(), opts(seed));
       auto const d = static_cast<std::size_t>(mesh.coords().dp);
       for (int k = 0; k < 3; ++k)
         got[r].push_back(t.step(data.slice(d * 4, 4, 1, 12)).loss);
@@ -268,14 +268,15 @@ TEST_CASE("a user's strategy over a mesh axis of its own", "[extension]") {
     };
     refuse(
         [&] {
-          st::trainer<decltype(mlp), st::plan<st::data_parallel<>>> t(mesh, mlp, sgd_factory(), opts(seed));
+          st::trainer<decltype(mlp), st::plan<st::data_parallel<>>> t(mesh, mlp, sgd_factory(),
+                                                                      opts(seed));
         },
         0); // the rep axis unclaimed
     st::comm::mesh plain(world, {.dp = 4});
     refuse(
         [&] {
-          st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(plain, mlp, sgd_factory(),
-                                                                                opts(seed));
+          st::trainer<decltype(mlp), st::plan<st::data_parallel<>, replicas>> t(
+              plain, mlp, sgd_factory(), opts(seed));
         },
         1); // the strategy's axis missing from the mesh
     refuse([&] { st::comm::mesh bad(world, {.dp = 0}, {{"rep", 3}}); }, 2);
