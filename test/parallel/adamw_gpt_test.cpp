@@ -52,3 +52,18 @@ TEST_CASE("f32 AdamW on the GPT: 1F1B", "[parallel][pipeline][parity][adamw32]")
   using pipe = st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
   st::test::require_ok(st::test::check_parity<pipe>(2, gpt, adamw, {.pp = 2}));
 }
+
+// Parameter groups (issue 19): each multiplier other than 1 somewhere (mixed_groups), and
+// ZeRO's shards cut across parameters of different groups.
+TEST_CASE("f32 AdamW on the GPT with parameter groups, under every strategy",
+          "[parallel][parity][adamw32][groups]") {
+  auto o = adamw;
+  o.groups = st::test::mixed_groups();
+  using pipe = st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
+  st::test::require_ok(st::test::check_parity<st::plan<st::data_parallel<>>>(2, gpt, o, {.dp = 2}));
+  st::test::require_ok(
+      st::test::check_parity<st::plan<st::sharded<st::zero<3>>>>(2, gpt, o, {.dp = 2}));
+  st::test::require_ok(
+      st::test::check_parity<st::plan<st::tensor_parallel<>>>(2, gpt, o, {.tp = 2}));
+  st::test::require_ok(st::test::check_parity<pipe>(2, gpt, o, {.pp = 2}));
+}

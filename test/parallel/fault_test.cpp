@@ -284,6 +284,24 @@ public:
 
 } // namespace
 
+// (7) Parameter groups ignored inside a ZeRO shard: every range a rank updates takes the
+// multipliers of its shard's first range, as a shard stepped in one call with one group's
+// settings would (issue 19).
+template <class T>
+class one_group_per_shard_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: one group per shard"; }
+  void setup(eng::state<T>& s) override {
+    auto& owned = s.flat().owned;
+    if (owned.size() < 2)
+      not_applied(std::string(name()));
+    for (auto& r : owned) {
+      r.lr_mult = owned.front().lr_mult;
+      r.weight_decay_mult = owned.front().weight_decay_mult;
+    }
+  }
+};
+
 TEST_CASE("the harness catches dp gradients summed instead of averaged",
           "[parallel][faults][parity][ddp]") {
   auto const r = caught<st::plan<st::data_parallel<>>>(
@@ -350,4 +368,19 @@ TEST_CASE("the harness catches the sequence-parallel layer-norm reduction skippe
     check(caught<st::plan<st::data_parallel<>, st::tensor_parallel<>, st::micro_batches<2>>>(
         "sp reduction skipped (dp)", g, fault, {.dp = 2, .tp = 2}));
   }
+}
+
+TEST_CASE("the harness catches parameter groups ignored inside a ZeRO shard",
+          "[parallel][faults][parity][zero][groups]") {
+  using plan = st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>>;
+  st::test::parity_options o = sgd;
+  o.groups = st::test::mixed_groups();
+  auto const clean = st::test::check_parity<plan>(4, gpt, o, {.dp = 4});
+  INFO("without the fault: " << clean.summary());
+  REQUIRE(clean.ok);
+  o.fault = st::test::parity_fault::of<one_group_per_shard_fault>();
+  auto const bad = st::test::check_parity<plan>(4, gpt, o, {.dp = 4});
+  std::printf("one group per shard: %s\n", bad.summary().c_str());
+  CHECK_FALSE(bad.ok);
+  CHECK(bad.param > 1); // the first gradients are right; the updates are not
 }

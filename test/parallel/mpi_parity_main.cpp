@@ -206,6 +206,16 @@ int main(int argc, char** argv) {
                                          .optimizer = parity_optimizer::sgd,
                                          .lr = 1e-2,
                                          .seed = s}));
+      // Parameter groups (issue 19): the shards cut across groups' parameters; SGD's
+      // learning-rate multipliers differ per group.
+      line((z + "gpt f32 sgd, parameter groups").c_str(),
+           st::test::check_parity<zero>(world, gpt,
+                                        {.sequences = b,
+                                         .seq = 8,
+                                         .optimizer = parity_optimizer::sgd,
+                                         .lr = 1e-2,
+                                         .seed = s,
+                                         .groups = st::test::mixed_groups()}));
       if (n == 4)
         line((z + "gpt8 f64 dp2 x pp2 1f1b m4").c_str(),
              st::test::check_parity<

@@ -86,6 +86,9 @@ TEMPLATE_TEST_CASE("sharded data parallel trains the GPT like one rank, and f32 
   st::test::require_ok(st::test::check_parity<TestType>(2, g64, {.sequences = 4, .seq = 8}));
   st::test::require_ok(
       st::test::check_parity<TestType>(4, g64, {.sequences = 8, .seq = 8, .clip = 0.1}));
+  // Parameter groups: 3 shards cut across parameters of different groups (issue 19).
+  st::test::require_ok(st::test::check_parity<TestType>(
+      3, g64, {.sequences = 6, .seq = 8, .groups = st::test::mixed_groups()}));
   st::test::require_ok(st::test::check_parity<TestType>(
       3, gpt<float>(2),
       {.sequences = 6, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));

@@ -96,7 +96,21 @@ struct parity_options {
                                  ///< DESIGN.md's (a line whose tolerance was measured and stated,
                                  ///< as f32 AdamW on the GPT)
   parity_fault fault{};          ///< a pass injected into the plan's trainer only
+  /// The parameter groups of both trainers (the reference's and the plan's).
+  engine::param_groups groups = engine::param_groups::standard();
 };
+
+/// Parameter groups that give every multiplier a value other than 1 somewhere, for the parity
+/// lines of parameter groups: embeddings at half the learning rate, no decay on biases and
+/// norms, attention weights decayed three times as hard, everything else as the optimizer says.
+inline engine::param_groups mixed_groups() {
+  engine::param_groups g;
+  g.add({"embedding", engine::match::kind({nn::parameter_kind::embedding}), 1.0, 0.5});
+  g.add({"no_decay", engine::match::kind({nn::parameter_kind::bias, nn::parameter_kind::norm}), 0.0,
+         1.0});
+  g.add({"attention", engine::match::name_contains(".attn."), 3.0, 1.0});
+  return g;
+}
 
 /// What the harness measured: the worst ratio to its tolerance of each criterion (<= 1
 /// passes) and the tensor it came from.
@@ -237,6 +251,7 @@ auto start_parity(Model const& model, parity_options& o) {
   double const lr = o.lr;
   out.to.lr = [lr](std::int64_t) { return lr; };
   out.to.seed = mix(o.seed, 1);
+  out.to.groups = o.groups;
   return out;
 }
 

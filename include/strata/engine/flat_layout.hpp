@@ -8,7 +8,9 @@
 #include <strata/core/device.hpp>
 #include <strata/core/memory.hpp>
 #include <strata/engine/node.hpp>
+#include <strata/engine/param_groups.hpp>
 #include <strata/nn/parameter.hpp>
+#include <strata/optim/optimizer.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -39,15 +41,26 @@ struct segment {
 };
 
 /// Elements a rank updates and counts in the gradient norm: values and gradients side by
-/// side, and where they start in the optimizer's state.
+/// side, where they start in the optimizer's state, and the parameter group they are of
+/// (a range never spans two groups).
 template <class T>
 struct owned_range {
   T* values = nullptr;
   T* grads = nullptr;
   std::size_t count = 0;
-  std::size_t state_offset = 0; // first element of the optimizer state it uses
-  bool in_norm = true;          // counted in the global gradient norm on this rank
-  std::size_t flat = 0;         // the flat element values[0] is
+  std::size_t state_offset = 0;              // first element of the optimizer state it uses
+  bool in_norm = true;                       // counted in the global gradient norm on this rank
+  std::size_t flat = 0;                      // the flat element values[0] is
+  std::uint32_t group = 0;                   // its parameter group (flat_layout::groups)
+  double lr_mult = 1, weight_decay_mult = 1; // the group's multipliers
+
+  /// The optimizer step's context for these elements: the step's, with the group's
+  /// learning-rate and weight-decay multipliers.
+  optim::step_context context(optim::step_context c) const noexcept {
+    c.lr *= lr_mult;
+    c.weight_decay_mult = weight_decay_mult;
+    return c;
+  }
 };
 
 /// Elements [first, first + count) of parameter `param` (an index into flat_layout::params),
@@ -85,9 +98,13 @@ public:
   // This rank leaves parameters replicated over the tp group (not sharded) out of the
   // gradient norm (every tp rank but the first: each element is counted once).
   bool skip_replicated_in_norm = false;
+  // The rules giving each parameter its weight-decay and learning-rate multipliers (set by
+  // the trainer before configure).
+  param_groups groups = param_groups::standard();
 
   // ---- made by lay_out -------------------------------------------------------------------
   std::vector<parameter_entry<T>> params;                       // flat order
+  std::vector<std::uint32_t> param_group;                       // groups' index, by params
   std::vector<std::pair<std::size_t, std::size_t>> layer_range; // flat [begin, end) by layer
   buffer<T, Device> values, grads;   // the flat buffers (empty when a pass holds them sharded)
   std::size_t flat_size = 0;         // flat elements: parameters, padding and tail
@@ -146,6 +163,7 @@ public:
     tail_begin = offset;
     close(tail);
     flat_size = offset;
+    assign_groups();
     if (hold_values) {
       values = buffer<T, Device>(flat_size, memory_kind::parameters, ledger);
       clear(values.data(), flat_size);
@@ -180,38 +198,61 @@ public:
   }
 
   /// Adds flat elements [flat, flat + count) to what this rank updates: values at `values`,
-  /// gradients at `grads`, optimizer state from `state_offset`. One range; or, when this rank
-  /// leaves the parameters replicated over the tp group out of the norm, one range per run of
-  /// counted (tp-sharded, or padding, whose gradients are 0) and uncounted elements.
+  /// gradients at `grads`, optimizer state from `state_offset`. One range per run of elements
+  /// of one parameter group that are all counted in the norm or all not (when this rank leaves
+  /// the parameters replicated over the tp group out of it; padding, whose gradients are 0,
+  /// is counted and joins the run before it).
   void add_owned(T* values_at, T* grads_at, std::size_t flat, std::size_t count,
                  std::size_t state_offset) {
-    auto push = [&](std::size_t lo, std::size_t hi, bool counted) {
+    auto push = [&](std::size_t lo, std::size_t hi, bool counted, std::uint32_t g) {
       if (lo >= hi)
         return;
       std::size_t const d = lo - flat;
-      if (!owned.empty() && owned.back().in_norm == counted &&
+      if (!owned.empty() && owned.back().in_norm == counted && owned.back().group == g &&
           owned.back().flat + owned.back().count == lo &&
           owned.back().values + owned.back().count == values_at + d &&
-          owned.back().grads + owned.back().count == grads_at + d)
+          owned.back().grads + owned.back().count == grads_at + d) {
         owned.back().count += hi - lo;
-      else
-        owned.push_back({values_at + d, grads_at + d, hi - lo, state_offset + d, counted, lo});
+        return;
+      }
+      auto const& settings = groups.group(g);
+      owned.push_back({values_at + d, grads_at + d, hi - lo, state_offset + d, counted, lo, g,
+                       settings.lr_mult, settings.weight_decay_mult});
+    };
+    // Padding joins the run it follows (its elements are 0 and stay 0 under any group).
+    auto pad_group = [&](std::size_t lo, std::uint32_t next) {
+      return !owned.empty() && owned.back().flat + owned.back().count == lo ? owned.back().group
+                                                                            : next;
     };
     std::size_t const end = flat + count;
-    if (!skip_replicated_in_norm) {
-      push(flat, end, true);
-      return;
-    }
     std::size_t at = flat; // params are in flat order
-    for (auto const& e : params) {
+    std::uint32_t last = 0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto const& e = params[i];
       std::size_t const lo = std::max(e.offset, flat), hi = std::min(e.offset + e.p->size(), end);
       if (lo >= hi)
         continue;
-      push(at, lo, true); // padding before it
-      push(lo, hi, e.p->sharded());
+      std::uint32_t const g = i < param_group.size() ? param_group[i] : 0;
+      push(at, lo, true, pad_group(at, g)); // padding before it
+      push(lo, hi, !skip_replicated_in_norm || e.p->sharded(), g);
       at = hi;
+      last = g;
     }
-    push(at, end, true);
+    push(at, end, true, pad_group(at, last));
+  }
+
+  /// The parameter groups as this rank holds them: each group's settings, and the names and
+  /// logical element counts of this rank's parameters in it.
+  std::vector<param_group_report> group_report() const {
+    std::vector<param_group_report> r;
+    for (auto const& g : groups.groups())
+      r.push_back({g.name, g.weight_decay_mult, g.lr_mult, {}, 0});
+    for (std::size_t i = params.size(); i-- > 0;) { // registration order
+      auto& g = r[param_group[i]];
+      g.parameters.push_back(params[i].p->name());
+      g.elements += params[i].p->full_size();
+    }
+    return r;
   }
 
   /// Appends the pieces of the parameters that flat elements [begin, begin + count) hold,
@@ -248,6 +289,16 @@ public:
         if (l2 < h2)
           f(param, r.first + (l2 - rb), h2 - l2, l2 - begin);
       });
+    }
+  }
+
+  /// Gives each parameter its group (the rules run here, once).
+  void assign_groups() {
+    param_group.assign(params.size(), 0);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      auto const& p = *params[i].p;
+      param_group[i] = static_cast<std::uint32_t>(
+          groups.group_of({p.name(), p.kind(), p.full_shape(), params[i].layer}));
     }
   }
 

@@ -462,8 +462,8 @@ public:
       optim::step_context const c = begin_optimizer_step();
       for (auto const& r : flat_.owned)
         if (r.count)
-          optimizer_->step(std::span<T>(r.values, r.count), std::span<T const>(r.grads, r.count), c,
-                           r.state_offset);
+          optimizer_->step(std::span<T>(r.values, r.count), std::span<T const>(r.grads, r.count),
+                           r.context(c), r.state_offset);
     }
   }
 

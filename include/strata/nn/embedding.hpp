@@ -195,7 +195,10 @@ private:
         local_vocab_(detail::tp_split(vocab, tp_, name_, "vocabulary entries")),
         begin_(static_cast<std::size_t>(rank_) * local_vocab_),
         wte_(name_ + ".wte.weight", {vocab, features}, {}, detail::tp_rows_spec(tp_, rank_)),
-        wpe_(name_ + ".wpe.weight", {max_seq, features}, {}) {}
+        wpe_(name_ + ".wpe.weight", {max_seq, features}, {}) {
+    wte_.set_kind(parameter_kind::embedding);
+    wpe_.set_kind(parameter_kind::embedding);
+  }
 
   // The group's collectives for this call: none for the plain layer (it ignores the group).
   tp_ops* ops_for(layer_context const& ctx) const {

@@ -53,7 +53,10 @@ public:
       : name_(std::move(name)), features_(features), eps_(eps), tp_(tp_size_of(tp)),
         rank_(tp_rank_of(tp)), split_(detail::sp_split(sequence_parallel, tp_)),
         weight_(name_ + ".weight", {features}, {init_rule::kind::ones, 0}),
-        bias_(name_ + ".bias", {features}, {init_rule::kind::zeros, 0}) {}
+        bias_(name_ + ".bias", {features}, {init_rule::kind::zeros, 0}) {
+    weight_.set_kind(parameter_kind::norm);
+    bias_.set_kind(parameter_kind::norm);
+  }
 
   std::string const& name() const noexcept { return name_; }
   std::size_t in_features() const noexcept { return features_; }

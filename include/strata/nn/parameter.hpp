@@ -49,6 +49,27 @@ void init_values(std::span<T> out, std::string_view name, init_rule rule, std::u
   }
 }
 
+/// What a parameter is to the model, for rules that treat kinds apart (parameter groups: no
+/// weight decay on biases and normalisation parameters, as Megatron and nanoGPT). A parameter
+/// starts as `bias` when its name ends in ".bias", `weight` otherwise; a layer marks its own
+/// (layer_norm: `norm`, embeddings: `embedding`) with parameter::set_kind.
+enum class parameter_kind : std::uint8_t { weight, bias, norm, embedding };
+
+/// The kind's name: "weight", "bias", "norm", "embedding".
+constexpr std::string_view kind_name(parameter_kind k) noexcept {
+  switch (k) {
+  case parameter_kind::weight:
+    return "weight";
+  case parameter_kind::bias:
+    return "bias";
+  case parameter_kind::norm:
+    return "norm";
+  case parameter_kind::embedding:
+    return "embedding";
+  }
+  return "?";
+}
+
 /// How a parameter is a shard of a larger logical tensor: the logical ("full") tensor is split
 /// along dimension `dim` into `parts` equal slices and this parameter holds slice `index`.
 /// dim = -1 (or parts = 1) means not split: the parameter is the whole tensor.
@@ -112,7 +133,7 @@ public:
   parameter() = default;
   parameter(std::string name, std::initializer_list<std::size_t> shape, init_rule rule,
             memory_ledger& ledger = default_ledger())
-      : name_(std::move(name)), shape_(shape), rule_(rule) {
+      : name_(std::move(name)), shape_(shape), rule_(rule), kind_(kind_of_name(name_)) {
     size_ = 1;
     for (std::size_t d : shape_)
       size_ *= d;
@@ -123,7 +144,7 @@ public:
   /// divide by parts, or index >= parts. An unsplit shard_spec gives the ordinary parameter.
   parameter(std::string name, std::initializer_list<std::size_t> full_shape, init_rule rule,
             shard_spec shard, memory_ledger& ledger = default_ledger())
-      : name_(std::move(name)), shape_(full_shape), rule_(rule) {
+      : name_(std::move(name)), shape_(full_shape), rule_(rule), kind_(kind_of_name(name_)) {
     size_ = 1;
     for (std::size_t d : shape_)
       size_ *= d;
@@ -138,6 +159,7 @@ public:
     full_shape_ = std::move(o.full_shape_);
     shard_ = std::exchange(o.shard_, shard_spec{});
     rule_ = o.rule_;
+    kind_ = o.kind_;
     size_ = std::exchange(o.size_, 0);
     value_ = std::move(o.value_);
     grad_ = std::move(o.grad_);
@@ -150,6 +172,13 @@ public:
   std::span<std::size_t const> shape() const noexcept { return shape_; }
   std::size_t size() const noexcept { return size_; }
   init_rule rule() const noexcept { return rule_; }
+  /// What it is to the model (parameter groups read it).
+  parameter_kind kind() const noexcept { return kind_; }
+  /// Marks what it is to the model (a layer marks its own: layer_norm's are `norm`).
+  parameter& set_kind(parameter_kind k) noexcept {
+    kind_ = k;
+    return *this;
+  }
   /// How it is split (unsplit: dim = -1), the logical tensor's shape and element count.
   shard_spec const& shard() const noexcept { return shard_; }
   bool sharded() const noexcept { return shard_.split(); }
@@ -221,6 +250,14 @@ public:
   }
 
 private:
+  static parameter_kind kind_of_name(std::string_view n) noexcept {
+    constexpr std::string_view suffix = ".bias";
+    return n == "bias" ||
+                   (n.size() >= suffix.size() && n.substr(n.size() - suffix.size()) == suffix)
+               ? parameter_kind::bias
+               : parameter_kind::weight;
+  }
+
   void allocate(memory_ledger& ledger) {
     if (detail::deferred_flag())
       return;
@@ -259,6 +296,7 @@ private:
   std::vector<std::size_t> full_shape_; // empty unless split
   shard_spec shard_{};
   init_rule rule_{};
+  parameter_kind kind_ = parameter_kind::weight;
   std::size_t size_ = 0;
   buffer<T> value_;
   buffer<T> grad_;

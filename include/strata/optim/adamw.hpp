@@ -22,6 +22,7 @@ struct adamw_options {
   double beta2 = 0.999;       ///< decay of the second moment, in [0, 1)
   double eps = 1e-8;          ///< added to sqrt(v_hat), >= 0
   double weight_decay = 1e-2; ///< decoupled: p -= lr * wd * p before the Adam update, >= 0
+                              ///< (times step_context::weight_decay_mult: a parameter group's)
 };
 
 namespace detail {
@@ -113,10 +114,14 @@ public:
     double const bias_correction1 = 1.0 - std::pow(options_.beta1, t);
     double const bias_correction2 = 1.0 - std::pow(options_.beta2, t);
     detail::adamw_coefficients<T> const c{
-        static_cast<T>(ctx.grad_scale),       static_cast<T>(1.0 - ctx.lr * options_.weight_decay),
-        static_cast<T>(1.0 - options_.beta1), static_cast<T>(options_.beta2),
-        static_cast<T>(1.0 - options_.beta2), static_cast<T>(std::sqrt(bias_correction2)),
-        static_cast<T>(options_.eps),         static_cast<T>(-(ctx.lr / bias_correction1))};
+        static_cast<T>(ctx.grad_scale),
+        static_cast<T>(1.0 - ctx.lr * (options_.weight_decay * ctx.weight_decay_mult)),
+        static_cast<T>(1.0 - options_.beta1),
+        static_cast<T>(options_.beta2),
+        static_cast<T>(1.0 - options_.beta2),
+        static_cast<T>(std::sqrt(bias_correction2)),
+        static_cast<T>(options_.eps),
+        static_cast<T>(-(ctx.lr / bias_correction1))};
     T* const m = exp_avg_.data() + offset;
     T* const v = exp_avg_sq_.data() + offset;
     // PyTorch's lerp takes its first form for weights below 0.5 (beta1 > 0.5), else its second.

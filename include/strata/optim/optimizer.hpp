@@ -21,10 +21,13 @@ namespace strata::optim {
 /// - `grad_scale`: every gradient is multiplied by it before use, so gradient clipping
 ///   (clip_factor) and loss-scale unscaling (1 / loss_scale) fold into one multiply and the
 ///   gradient buffer is never written. 1 uses the gradients exactly as they are.
+/// - `weight_decay_mult`: the optimizer's weight decay is multiplied by it for these elements
+///   (a parameter group's: 0 for biases and norms by default), finite and >= 0.
 struct step_context {
   double lr = 0.0;
   std::int64_t step = 1;
   double grad_scale = 1.0;
+  double weight_decay_mult = 1.0;
 };
 
 /// An optimizer over one flat buffer of n parameters, with its state (momentum, moments) in
@@ -85,6 +88,9 @@ inline void check_step(char const* who, step_context const& ctx, std::size_t par
   if (!std::isfinite(ctx.lr) || ctx.lr < 0)
     throw config_error("strata: " + w + ".step with learning rate " + number_text(ctx.lr) +
                        "; the learning rate must be finite and >= 0");
+  if (!std::isfinite(ctx.weight_decay_mult) || ctx.weight_decay_mult < 0)
+    throw config_error("strata: " + w + ".step with weight-decay multiplier " +
+                       number_text(ctx.weight_decay_mult) + "; it must be finite and >= 0");
   if (!std::isfinite(ctx.grad_scale))
     throw config_error("strata: " + w + ".step with gradient scale " + number_text(ctx.grad_scale) +
                        "; it must be finite (when clip_factor reports a non-finite norm, "

@@ -136,7 +136,8 @@ public:
             std::size_t offset) {
     detail::check_step("sgd", ctx, params.size(), grads.size(), offset, size_);
     detail::sgd_coefficients<T> const c{
-        static_cast<T>(ctx.grad_scale), static_cast<T>(options_.weight_decay),
+        static_cast<T>(ctx.grad_scale),
+        static_cast<T>(options_.weight_decay * ctx.weight_decay_mult),
         static_cast<T>(options_.momentum), static_cast<T>(1.0 - options_.dampening),
         static_cast<T>(-ctx.lr)};
     T* const buf = momentum_buffer_.empty() ? nullptr : momentum_buffer_.data() + offset;
@@ -146,7 +147,7 @@ public:
                          decltype(nesterov)::value, decltype(first)::value>(params, grads, buf, c);
     };
     auto with_decay = [&](auto momentum, auto nesterov, auto first) {
-      if (options_.weight_decay != 0)
+      if (options_.weight_decay * ctx.weight_decay_mult != 0)
         update(std::true_type{}, momentum, nesterov, first);
       else
         update(std::false_type{}, momentum, nesterov, first);

@@ -163,7 +163,7 @@ private:
         std::size_t const n = std::min(widened_.size(), r.count - at);
         M* m = master_.data() + r.state_offset + at;
         convert(std::span<T const>(r.grads + at, n), std::span<M>(widened_.data(), n));
-        opt.step(std::span<M>(m, n), std::span<M const>(widened_.data(), n), c,
+        opt.step(std::span<M>(m, n), std::span<M const>(widened_.data(), n), r.context(c),
                  r.state_offset + at);
         convert(std::span<M const>(m, n), std::span<T>(r.values + at, n));
       }

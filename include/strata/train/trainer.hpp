@@ -10,6 +10,7 @@
 #include <strata/engine/executor.hpp>
 #include <strata/engine/node.hpp>
 #include <strata/engine/optimizer.hpp>
+#include <strata/engine/param_groups.hpp>
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
@@ -43,6 +44,11 @@
 
 namespace strata {
 
+using engine::param_group;
+using engine::param_groups;
+using engine::parameter_info;
+namespace match = engine::match;
+
 /// The settings of a trainer that are values, not types.
 struct trainer_options {
   /// Learning rate of step k (from 1): a schedule such as optim::warmup_cosine_schedule, or
@@ -58,6 +64,10 @@ struct trainer_options {
   /// fp16: step() throws after this many steps in a row skipped for overflow (the gradients
   /// are inf/NaN at any scale: the model diverged); 0: never.
   std::int64_t max_overflows_in_a_row = 50;
+  /// Weight-decay and learning-rate multipliers per parameter (engine::param_groups): by
+  /// default no decay on biases and normalisation parameters (Megatron's and nanoGPT's);
+  /// param_groups::uniform() decays every element.
+  param_groups groups = param_groups::standard();
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
@@ -323,6 +333,13 @@ private:
   }
 
 public:
+  /// The parameter groups as this rank holds them (each group's multipliers, and the names
+  /// and logical element counts of this rank's parameters in it); describe() prints them.
+  std::vector<engine::param_group_report> parameter_groups() const {
+    return state_.flat().group_report();
+  }
+  std::string describe_parameter_groups() const { return engine::describe(parameter_groups()); }
+
   /// The plan's descriptor (a runtime plan's: its micro-batches and precision; the layout's
   /// options are in passes()).
   plan_descriptor const& layout() const noexcept { return desc_; }
@@ -565,6 +582,7 @@ private:
     settings.lr = options_.lr;
     settings.clip = options_.clip;
     settings.want_norm = options_.grad_norm;
+    state_.flat().groups = options_.groups;
     for (auto& p : passes_)
       p->configure(state_);
     state_.lay_out(*ledger_);
