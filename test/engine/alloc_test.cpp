@@ -67,9 +67,10 @@ TEMPLATE_TEST_CASE("a trainer's step allocates nothing from the third step on", 
 
 namespace {
 // Allocations during steps 3..5 of an MLP trained under Plan on 2 ranks (dp = 2), with
-// accumulation, clipping and AdamW; a width (127) that needs padding under ZeRO.
+// accumulation, clipping and AdamW; a width (127) that needs padding under ZeRO. masked: a
+// token-weighted batch (a loss mask and an ignore-index target: the count's all-reduce).
 template <class Plan>
-long allocations_in_later_steps() {
+long allocations_in_later_steps(bool masked = false) {
   std::uint64_t const seed = st::test::seed();
   st::models::mlp_model<float> mlp{64, 127, 3, 10};
   std::atomic<long> before{0}, after{0};
@@ -84,7 +85,12 @@ long allocations_in_later_steps() {
     std::vector<std::int32_t> y(4);
     for (std::size_t i = 0; i < y.size(); ++i)
       y[i] = static_cast<std::int32_t>(st::test::mix(seed, i) % 10);
+    std::vector<float> mask{1.0f, 0.0f, 1.0f, 1.0f};
+    if (masked)
+      y[3] = st::nn::ignore_index;
     st::engine::batch_view<float> b{4, 1, {}, x, y};
+    if (masked)
+      b.loss_mask = mask;
     t.step(b);
     t.step(b);
     world.barrier();
@@ -105,6 +111,8 @@ long allocations_in_later_steps() {
 TEST_CASE("a data-parallel step allocates nothing from the third step on", "[engine][alloc]") {
   CHECK(allocations_in_later_steps<
             st::plan<st::data_parallel<st::bucket_mib<1>, st::micro_batches<2>>>>() == 0);
+  CHECK(allocations_in_later_steps<
+            st::plan<st::data_parallel<st::bucket_mib<1>, st::micro_batches<2>>>>(true) == 0);
 }
 
 TEST_CASE("a mixed-precision data-parallel or ZeRO step allocates nothing from the third step on",
@@ -125,6 +133,8 @@ TEMPLATE_TEST_CASE("a sharded (ZeRO) step allocates nothing from the third step 
                    (std::integral_constant<int, 2>), (std::integral_constant<int, 3>)) {
   CHECK(allocations_in_later_steps<
             st::plan<st::sharded<st::zero<TestType::value>, st::micro_batches<2>>>>() == 0);
+  CHECK(allocations_in_later_steps<
+            st::plan<st::sharded<st::zero<TestType::value>, st::micro_batches<2>>>>(true) == 0);
 }
 
 TEST_CASE("a pipeline step allocates nothing from the third step on", "[engine][alloc]") {

@@ -246,6 +246,89 @@ TEST_CASE("softmax_cross_entropy backward matches central differences", "[nn][gr
   CHECK(rel_error(dz, fd) < fd_tolerance);
 }
 
+TEST_CASE("softmax_cross_entropy with ignore_index and a loss mask is the weighted mean of "
+          "the counted rows, and its backward matches central differences",
+          "[nn][grad][mask]") {
+  auto ctx = small_ctx(3, 4);
+  std::size_t const rows = ctx.rows(), classes = 11;
+  using ce_t = nn::softmax_cross_entropy<double>;
+  ce_t ce("loss", classes);
+  std::vector<double> z(rows * classes), dz(z.size());
+  randomize(std::span<double>(z), "test.mask.logits", -4, 4);
+  std::vector<std::int32_t> t(rows);
+  for (std::size_t i = 0; i < rows; ++i)
+    t[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed() + 7, i) % classes);
+  t[1] = t[6] = t[7] = nn::ignore_index;
+  std::vector<float> mask(rows, 1.0f);
+  mask[2] = mask[9] = 0.0f;
+  mask[4] = 0.5f;
+  mask[6] = 0.0f; // ignored and masked
+  strata::tensor_view<std::int32_t const> tv(t.data(), {rows});
+  strata::tensor_view<double const> zv(z.data(), {rows, classes});
+  // The direct formula: sum_r w_r (log sum_j exp z_rj - z_r,t_r) / norm, w_r = 0 where ignored.
+  auto direct = [&](std::span<float const> m, double norm) {
+    double sum = 0, weight = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (t[r] == nn::ignore_index)
+        continue;
+      double se = 0;
+      for (std::size_t j = 0; j < classes; ++j)
+        se += std::exp(z[r * classes + j]);
+      double const w = m.empty() ? 1.0 : m[r];
+      sum += w * (std::log(se) - z[r * classes + static_cast<std::size_t>(t[r])]);
+      weight += w;
+    }
+    return sum / (norm > 0 ? norm : weight);
+  };
+  ce_t::saved_type s;
+  for (double norm : {0.0, 6.5}) {
+    for (bool with_mask : {false, true}) {
+      INFO("norm " << norm << ", mask " << with_mask);
+      std::span<float const> const m =
+          with_mask ? std::span<float const>(mask) : std::span<float const>();
+      auto loss = [&] { return ce.forward(ctx, zv, tv, m, norm, s); };
+      double const l0 = loss();
+      CHECK(l0 > 0);
+      CHECK(std::abs(l0 - direct(m, norm)) <= 1e-12 * l0);
+      double const dloss = 1.5;
+      ce.backward(ctx, zv, tv, m, s, {dz.data(), {rows, classes}}, dloss);
+      for (std::size_t r : {1, 6, 7}) // ignored rows: an exactly zero gradient
+        for (std::size_t j = 0; j < classes; ++j)
+          CHECK(dz[r * classes + j] == 0.0);
+      if (with_mask)
+        for (std::size_t j = 0; j < classes; ++j)
+          CHECK(dz[9 * classes + j] == 0.0);
+      auto fd = nn::test::finite_difference(std::span<double>(z), loss);
+      for (double& v : fd)
+        v *= dloss;
+      CHECK(rel_error(dz, fd) < fd_tolerance);
+    }
+  }
+  // Without ignored rows or a mask: the plain mean, bit for bit, and a mask of ones is too.
+  std::vector<std::int32_t> all(t);
+  for (std::size_t r = 0; r < rows; ++r)
+    if (all[r] == nn::ignore_index)
+      all[r] = 3;
+  strata::tensor_view<std::int32_t const> av(all.data(), {rows});
+  std::vector<float> const ones(rows, 1.0f);
+  std::vector<double> d1(z.size()), d2(z.size());
+  double const plain = ce.forward(ctx, zv, av, s);
+  ce.backward(ctx, zv, av, s, {d1.data(), {rows, classes}}, 0.75);
+  CHECK(plain == ce.forward(ctx, zv, av, std::span<float const>(ones), 0.0, s));
+  ce.backward(ctx, zv, av, std::span<float const>(ones), s, {d2.data(), {rows, classes}}, 0.75);
+  CHECK(d1 == d2);
+  // The plain form honours the ignore index: the mean over the rows that count.
+  CHECK(std::abs(ce.forward(ctx, zv, tv, s) - direct({}, 0)) <= 1e-12 * direct({}, 0));
+  // Errors: no counted row, a mask of the wrong length, a negative weight.
+  std::vector<std::int32_t> none(rows, nn::ignore_index);
+  CHECK_THROWS_AS(ce.forward(ctx, zv, {none.data(), {rows}}, s), strata::error);
+  CHECK_THROWS_AS(ce.forward(ctx, zv, tv, std::span<float const>(mask).first(rows - 1), 0.0, s),
+                  strata::shape_error);
+  mask[0] = -1.0f;
+  CHECK_THROWS_AS(ce.forward(ctx, zv, tv, std::span<float const>(mask), 0.0, s),
+                  strata::shape_error);
+}
+
 TEST_CASE("mlp backward matches central differences", "[nn][grad]") {
   nn::mlp<double> m("blocks.0.mlp", 6, 10);
   require_gradients(m, small_ctx(2, 3));

@@ -106,8 +106,9 @@ void embedding_case(int tp, bool sp) {
            });
 }
 
-// The logits' columns split.
-void cross_entropy_case(int tp) {
+// The logits' columns split; masked: two targets ignore_index, loss-mask weights 0, 1 and
+// 0.5, with the counted weight as the norm and then a given norm (as the engine passes).
+void cross_entropy_case(int tp, bool masked = false, double norm = 0) {
   std::size_t const rows = 7, vocab = 12;
   on_ranks(tp, batch_ctx(1, rows),
            [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
@@ -121,24 +122,30 @@ void cross_entropy_case(int tp) {
 
              vec logits(rows * vocab);
              randomize(std::span<double>(logits), "vp.ce.logits", -4, 4);
-             ids_t const targets = random_ids(rows, vocab, "vp.ce.targets");
+             ids_t targets = random_ids(rows, vocab, "vp.ce.targets");
+             std::vector<float> mask;
+             if (masked) {
+               targets[1] = targets[4] = nn::ignore_index;
+               mask = {1.0f, 1.0f, 0.0f, 0.5f, 1.0f, 1.0f, 0.0f};
+             }
+             std::span<float const> const m(mask);
              double const dloss = 1.75;
              vec dref(rows * vocab);
              decltype(ref)::saved_type rs;
              nn::layer_context rctx = ctx;
              rctx.tp = nullptr;
-             double const lref =
-                 ref.forward(rctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, rs);
-             ref.backward(rctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, rs,
+             double const lref = ref.forward(rctx, {logits.data(), {rows, vocab}},
+                                             {targets.data(), {rows}}, m, norm, rs);
+             ref.backward(rctx, {logits.data(), {rows, vocab}}, {targets.data(), {rows}}, m, rs,
                           {dref.data(), {rows, vocab}}, dloss);
 
              vec const mine = slice(logits, vocab, part::columns, tp, rank);
              vec d(rows * lv);
              decltype(par)::saved_type ps;
              for (int rep = 0; rep < 2; ++rep) {
-               double const l =
-                   par.forward(ctx, {mine.data(), {rows, lv}}, {targets.data(), {rows}}, ps);
-               par.backward(ctx, {mine.data(), {rows, lv}}, {targets.data(), {rows}}, ps,
+               double const l = par.forward(ctx, {mine.data(), {rows, lv}},
+                                            {targets.data(), {rows}}, m, norm, ps);
+               par.backward(ctx, {mine.data(), {rows, lv}}, {targets.data(), {rows}}, m, ps,
                             {d.data(), {rows, lv}}, dloss);
                check_scalar(l, lref, tag + "loss", tp);
                check_close(cspan(unslice(ops, tp, cspan(d), vocab, part::columns)), cspan(dref),
@@ -213,6 +220,15 @@ TEST_CASE("vocabulary-split cross-entropy: tp = n equals tp = 1 on the gathered 
   for (int tp : {1, 2, 4}) {
     INFO("tp = " << tp);
     cross_entropy_case(tp);
+  }
+}
+
+TEST_CASE("vocabulary-split cross-entropy with ignore_index and a loss mask equals tp = 1",
+          "[tp][vocab]") {
+  for (int tp : {1, 2, 4}) {
+    INFO("tp = " << tp);
+    cross_entropy_case(tp, true);
+    cross_entropy_case(tp, true, 3.25);
   }
 }
 

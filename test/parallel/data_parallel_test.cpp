@@ -1,10 +1,13 @@
 // Data parallel: parity with one rank (n = 2, 3, 4; with and without accumulation; SGD and
 // AdamW; clipping), overlap seen in the trace, one all-reduce per bucket per step from the
-// counters, a failing rank, replica checks, and plan/mesh mismatches.
+// counters, a failing rank, replica checks, and plan/mesh mismatches; token-weighted batches
+// (loss masks and ignore-index targets): parity on padded batches of different density per
+// rank and micro-batch, a mask of ones bit for bit as none, and their errors.
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
+#include <strata/nn/cross_entropy.hpp>
 #include <strata/optim/sgd.hpp>
 #include <strata/train/trainer.hpp>
 
@@ -14,8 +17,11 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -284,4 +290,134 @@ TEST_CASE("the loss every rank reports is the global batch's", "[parallel][ddp]"
   });
   for (double g : got)
     CHECK(std::abs(g - want) <= 1e-12 * want);
+}
+
+// Token-weighted batches (a loss_mask and ignore-index targets): rank 0's half masked, rank
+// 1's almost full, the second half of each rank's sequences (its second micro-batch) at half
+// its density; the loss and gradient are the global batch's mean over its counted tokens.
+TEMPLATE_TEST_CASE("data parallel with padded, masked batches trains like one rank on the "
+                   "global batch",
+                   "[parallel][ddp][parity][mask]", float, double) {
+  st::models::gpt_model<TestType> g{
+      {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 2}};
+  auto const opt = st::test::gpt_parity_optimizer<TestType>;
+  st::test::require_ok(st::test::check_parity<ddp>(
+      2, g, {.sequences = 4, .seq = 8, .optimizer = opt, .mask_density = {0.5, 0.95}}));
+  st::test::require_ok(st::test::check_parity<ddp_acc2>(4, g,
+                                                        {.sequences = 8,
+                                                         .seq = 8,
+                                                         .optimizer = parity_optimizer::sgd,
+                                                         .lr = 5e-2,
+                                                         .mask_density = {0.5, 0.95, 0.25, 0.8}}));
+  st::test::require_ok(st::test::check_parity<ddp>(
+      4, g, {.sequences = 8, .seq = 8, .optimizer = opt, .clip = 0.1, .mask_density = {0.4, 1.0}}));
+  // Rows of features, counted at random; rank 2's almost empty.
+  st::models::mlp_model<TestType> m{24, 32, 3, 7};
+  st::test::require_ok(st::test::check_parity<ddp_acc2>(
+      3, m,
+      {.sequences = 24, .optimizer = parity_optimizer::sgd, .mask_density = {0.5, 0.95, 0.1}}));
+}
+
+namespace {
+
+// The GPT on one rank or dp ranks, on a batch given in full (every rank slices its own).
+struct masked_batch {
+  std::size_t sequences = 4, seq = 8;
+  std::vector<std::int32_t> tokens, targets;
+  std::vector<float> mask;
+  eng::batch_view<double> slice(std::size_t rank, std::size_t ranks) const {
+    std::size_t const per = sequences / ranks * seq, r0 = rank * per;
+    auto const sub = [&](auto const& v) { return std::span(v).subspan(r0, per); };
+    return {sequences / ranks, seq,
+            sub(tokens),       {},
+            sub(targets),      mask.empty() ? std::span<float const>() : sub(mask)};
+  }
+};
+
+masked_batch random_masked_batch(std::uint64_t seed) {
+  masked_batch b;
+  std::size_t const rows = b.sequences * b.seq;
+  for (std::size_t i = 0; i < rows; ++i) {
+    b.tokens.push_back(static_cast<std::int32_t>(st::test::mix(seed, i) % 24));
+    b.targets.push_back(static_cast<std::int32_t>(st::test::mix(seed + 1, i) % 24));
+  }
+  return b;
+}
+
+st::models::gpt_model<double> const mask_gpt{
+    {.vocab = 24, .seq = 8, .features = 16, .heads = 2, .layers = 2}};
+
+} // namespace
+
+TEST_CASE("a loss mask of ones trains bit for bit as no mask", "[parallel][ddp][mask]") {
+  auto b = random_masked_batch(st::test::seed());
+  auto ones = b;
+  ones.mask.assign(b.targets.size(), 1.0f);
+  std::vector<double> plain(8), masked(8);
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    auto const r = static_cast<std::size_t>(world.rank());
+    for (auto* run : {&b, &ones}) {
+      st::trainer<st::models::gpt_model<double>, ddp_acc2> t(
+          mesh, mask_gpt, eng::use<st::optim::sgd<double>>({.momentum = 0.9}),
+          {.lr = st::test::constant_lr(0.05), .seed = 7});
+      for (std::size_t k = 0; k < 4; ++k)
+        (run == &b ? plain : masked)[4 * r + k] = t.step(run->slice(r, 2)).loss;
+    }
+  });
+  CHECK(plain == masked);
+}
+
+TEST_CASE("a token-weighted batch with no counted token is an error naming the step",
+          "[parallel][ddp][mask][errors]") {
+  auto b = random_masked_batch(st::test::seed());
+  b.mask.assign(b.targets.size(), 1.0f);
+  std::vector<std::string> what(2);
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    auto const r = static_cast<std::size_t>(world.rank());
+    st::trainer<st::models::gpt_model<double>, ddp> t(
+        mesh, mask_gpt, eng::use<st::optim::sgd<double>>(), {.lr = st::test::constant_lr(0.05)});
+    t.step(b.slice(r, 2));
+    // Step 2: rank 0 ignores every target, rank 1 masks every row: nothing counts globally.
+    auto none = b;
+    std::fill(none.targets.begin(), none.targets.begin() + 16, st::nn::ignore_index);
+    std::fill(none.mask.begin() + 16, none.mask.end(), 0.0f);
+    try {
+      t.step(none.slice(r, 2));
+    } catch (st::error const& e) {
+      what[r] = e.what();
+    }
+    // One rank's counted tokens are enough.
+    std::fill(none.mask.begin() + 16, none.mask.begin() + 17, 1.0f);
+    STRATA_CHECK(std::isfinite(t.step(none.slice(r, 2)).loss));
+  });
+  for (auto const& w : what)
+    CHECK_THAT(w, Contains("step 2") && Contains("no counted tokens"));
+}
+
+TEST_CASE("ignore-index targets without a loss mask are refused under data parallel",
+          "[parallel][ddp][mask][errors]") {
+  auto b = random_masked_batch(st::test::seed());
+  b.targets[3] = st::nn::ignore_index;
+  // One rank: the local count is the global one.
+  st::trainer<st::models::gpt_model<double>> one(mask_gpt, eng::use<st::optim::sgd<double>>(),
+                                                 {.lr = st::test::constant_lr(0.05)});
+  CHECK(std::isfinite(one.step(b.slice(0, 1)).loss));
+  // dp 2, every rank with an ignore-index target: the step is refused before any collective.
+  b.targets[20] = st::nn::ignore_index;
+  std::vector<std::string> what(2);
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    st::trainer<st::models::gpt_model<double>, ddp> t(
+        mesh, mask_gpt, eng::use<st::optim::sgd<double>>(), {.lr = st::test::constant_lr(0.05)});
+    auto const r = static_cast<std::size_t>(world.rank());
+    try {
+      t.step(b.slice(r, 2));
+    } catch (st::config_error const& e) {
+      what[r] = e.what();
+    }
+  });
+  for (auto const& w : what)
+    CHECK_THAT(w, Contains("step 1") && Contains("no loss_mask"));
 }

@@ -53,11 +53,12 @@ bool is_engine(op const& o, op_code c) noexcept {
 // must fail); prints and returns the report of the faulty run.
 template <class Plan>
 st::test::parity_report caught(std::string const& what, st::models::gpt_model<float> const& m,
-                               st::test::parity_fault fault, st::comm::mesh_shape shape) {
-  auto const clean = st::test::check_parity<Plan>(4, m, sgd, shape);
+                               st::test::parity_fault fault, st::comm::mesh_shape shape,
+                               st::test::parity_options const& options = sgd) {
+  auto const clean = st::test::check_parity<Plan>(4, m, options, shape);
   INFO(what << ", without the fault: " << clean.summary());
   REQUIRE(clean.ok);
-  st::test::parity_options o = sgd;
+  st::test::parity_options o = options;
   o.fault = std::move(fault);
   auto bad = st::test::check_parity<Plan>(4, m, o, shape);
   std::printf("%s: %s\n", what.c_str(), bad.summary().c_str());
@@ -282,6 +283,27 @@ public:
   }
 };
 
+// (7) A token-weighted loss normalised by this rank's own count instead of the global one
+// (each rank's mean over its counted tokens, then averaged over the ranks: the per-rank
+// mean of the padded batches, which weighs a sparse rank's tokens more): the first operation
+// of the step replaces the global count per rank with the local one.
+template <class T>
+class local_count_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: local token count"; }
+
+  void rewrite(eng::program& p, std::uint16_t id) override {
+    p.ops.insert(p.ops.begin(), eng::pass_op(op_code::custom, id));
+  }
+
+  void run(op const&, eng::state<T>& s) override {
+    auto& v = s.values();
+    if (v.mean_counted <= 0)
+      not_applied(std::string(name()));
+    v.mean_counted = v.counted;
+  }
+};
+
 } // namespace
 
 // (7) Parameter groups ignored inside a ZeRO shard: every range a rank updates takes the
@@ -301,6 +323,17 @@ public:
     }
   }
 };
+
+TEST_CASE("the harness catches a masked loss normalised by each rank's own token count",
+          "[parallel][faults][parity][ddp][mask]") {
+  st::test::parity_options o = sgd;
+  o.mask_density = {0.5, 0.95, 0.3, 0.8}; // rank 0's half masked, rank 1's almost full
+  auto const r = caught<st::plan<st::data_parallel<>, st::micro_batches<2>>>(
+      "local token count", gpt, st::test::parity_fault::of<local_count_fault>(), {.dp = 4}, o);
+  CHECK(r.loss > 1); // the reported loss is the mean of the ranks' means
+  CHECK(r.grad > 1);
+  CHECK(r.param > 1);
+}
 
 TEST_CASE("the harness catches dp gradients summed instead of averaged",
           "[parallel][faults][parity][ddp]") {

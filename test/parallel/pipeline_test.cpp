@@ -99,6 +99,20 @@ TEST_CASE("GPipe and 1F1B train like one rank (p = 2 and 4; m = 1, 4, 8)",
       {.pp = 4}));
 }
 
+// Token-weighted batches: each micro-batch's loss divides by the global batch's count per
+// micro-batch, so micro-batches of different density weigh as one device's batch.
+TEST_CASE("1F1B with padded, masked batches trains like one rank (micro-batches and dp ranks "
+          "of different density)",
+          "[parallel][pipeline][parity][mask]") {
+  auto const g = gpt8<double>();
+  st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(
+      2, g, {.sequences = 4, .seq = 8, .mask_density = {0.6}}, {.pp = 2}));
+  st::test::require_ok(st::test::check_parity<dp_pp<st::one_f_one_b, 4>>(
+      4, g,
+      {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .mask_density = {0.5, 0.95}},
+      {.dp = 2, .pp = 2}));
+}
+
 TEST_CASE("interleaved 1F1B trains like one rank (v = 2)", "[parallel][pipeline][parity]") {
   auto const g = gpt8<double>();
   st::test::require_ok(st::test::check_parity<pp<st::interleaved<2>, 4>>(

@@ -96,6 +96,28 @@ TEMPLATE_TEST_CASE("sharded data parallel trains the GPT like one rank, and f32 
       2, st::models::mlp_model<float>{13, 127, 3, 7}, {.sequences = 12}));
 }
 
+// Token-weighted batches (parity_options::mask_density): rank 0's half masked, rank 1's almost
+// full, the second micro-batch of each rank at half its density.
+TEMPLATE_TEST_CASE("sharded data parallel with padded, masked batches trains like one rank",
+                   "[parallel][zero][parity][mask]", (zero<1>), (zero<2>), (zero<3>)) {
+  st::test::require_ok(st::test::check_parity<TestType>(
+      2, gpt<double>(2), {.sequences = 4, .seq = 8, .mask_density = {0.5, 0.95}}));
+  st::test::require_ok(st::test::check_parity<TestType>(3, gpt<float>(2),
+                                                        {.sequences = 6,
+                                                         .seq = 8,
+                                                         .optimizer = parity_optimizer::sgd,
+                                                         .lr = 5e-2,
+                                                         .micro_batches = 2,
+                                                         .mask_density = {0.5, 0.95, 0.3}}));
+  st::test::require_ok(st::test::check_parity<TestType>(4, odd_mlp(),
+                                                        {.sequences = 24,
+                                                         .optimizer = parity_optimizer::sgd,
+                                                         .lr = 0.1,
+                                                         .clip = 0.05,
+                                                         .micro_batches = 2,
+                                                         .mask_density = {0.5, 0.95, 0.2, 0.7}}));
+}
+
 TEST_CASE("ZeRO-3 options: units of several layers, no prefetch, deep prefetch, parameters "
           "kept from forward to backward",
           "[parallel][zero][parity]") {
@@ -123,6 +145,9 @@ TEMPLATE_TEST_CASE("every ZeRO stage composes with a pipeline (dp 2 x pp 2)",
                          st::pipeline_parallel<st::interleaved<2>, st::micro_batches<4>>>;
   st::test::require_ok(
       st::test::check_parity<f1b>(4, g, {.sequences = 8, .seq = 8}, {.dp = 2, .pp = 2}));
+  // Token-weighted: the last stage's dp group agrees on the count.
+  st::test::require_ok(st::test::check_parity<f1b>(
+      4, g, {.sequences = 8, .seq = 8, .mask_density = {0.5, 0.95}}, {.dp = 2, .pp = 2}));
   st::test::require_ok(st::test::check_parity<inter>(
       4, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2, .clip = 0.1},
       {.dp = 2, .pp = 2}));

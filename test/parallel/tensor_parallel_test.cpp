@@ -97,6 +97,20 @@ TEMPLATE_TEST_CASE("the GPT, written once, trains like one rank for any tp",
       4, drop, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
 }
 
+// Token-weighted batches: the vocabulary-split loss weights its rows as one device does; dp 2
+// x tp 2 with rank 0's half masked and rank 1's almost full.
+TEMPLATE_TEST_CASE("the GPT with padded, masked batches trains like one rank under tp",
+                   "[parallel][tp][parity][mask]", float, double) {
+  st::models::gpt_model<TestType> const g{
+      {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
+  auto const opt = st::test::gpt_parity_optimizer<TestType>;
+  st::test::require_ok(st::test::check_parity<tp>(
+      2, g, {.sequences = 4, .seq = 8, .optimizer = opt, .mask_density = {0.6}}, {.tp = 2}));
+  st::test::require_ok(st::test::check_parity<dp_tp>(
+      4, g, {.sequences = 8, .seq = 8, .optimizer = opt, .mask_density = {0.5, 0.95}},
+      {.dp = 2, .tp = 2}));
+}
+
 TEMPLATE_TEST_CASE("the GPT with sequence parallel trains like one rank",
                    "[parallel][tp][sp][parity]", float, double) {
   st::models::gpt_model<TestType> g{

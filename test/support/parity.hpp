@@ -9,6 +9,7 @@
 #include <strata/comm/reduce_op.hpp>
 #include <strata/core/element.hpp>
 #include <strata/engine/batch.hpp>
+#include <strata/nn/cross_entropy.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/sgd.hpp>
 #include <strata/train/trainer.hpp>
@@ -98,6 +99,14 @@ struct parity_options {
   parity_fault fault{};          ///< a pass injected into the plan's trainer only
   /// The parameter groups of both trainers (the reference's and the plan's).
   engine::param_groups groups = engine::param_groups::standard();
+  /// Non-empty: token-weighted batches (make_parity_mask). dp rank d's sequences count with
+  /// density mask_density[d % size]: the first half of its sequences at that density, the
+  /// second half at half of it (so micro-batches differ too); a sequence of seq > 1 tokens
+  /// is a counted prefix and a padded tail, a row of a seq = 1 batch counts at random. Of the
+  /// rows that do not count, alternate ones are marked by the target ignore_index and by a
+  /// loss-mask weight 0. Every rank's batch has a loss_mask; the one-rank reference trains on
+  /// the same global batch.
+  std::vector<double> mask_density{};
 };
 
 /// Parameter groups that give every multiplier a value other than 1 somewhere, for the parity
@@ -157,8 +166,9 @@ template <class T>
 struct parity_data {
   std::vector<std::int32_t> tokens, targets;
   std::vector<T> features;
+  std::vector<float> loss_mask; // empty: no mask
   engine::batch_view<T> view(std::size_t sequences, std::size_t seq) const {
-    return {sequences, seq, tokens, features, targets};
+    return {sequences, seq, tokens, features, targets, loss_mask};
   }
   /// Sequences [first, first + count) of the global batch, as one rank's slice.
   engine::batch_view<T> slice(std::size_t first, std::size_t count, std::size_t seq,
@@ -170,6 +180,8 @@ struct parity_data {
     if (!features.empty())
       b.features = std::span<T const>(features).subspan(r0 * in, rows * in);
     b.targets = std::span<std::int32_t const>(targets).subspan(r0, rows);
+    if (!loss_mask.empty())
+      b.loss_mask = std::span<float const>(loss_mask).subspan(r0, rows);
     return b;
   }
 };
@@ -233,6 +245,33 @@ make_parity_data(Model const& model, parity_options const& o, std::uint64_t seed
   for (std::size_t i = 0; i < rows; ++i)
     d.targets[i] = static_cast<std::int32_t>(mix(seed ^ 0x7a5, i) % classes);
   return d;
+}
+
+/// Marks the rows of d that do not count (parity_options::mask_density) for a global batch
+/// split over dp ranks: gives d a loss_mask and sets some targets to nn::ignore_index.
+template <class T>
+void make_parity_mask(parity_data<T>& d, parity_options const& o, std::size_t dp,
+                      std::uint64_t seed) {
+  if (o.mask_density.empty())
+    return;
+  std::size_t const per = o.sequences / dp, n = o.mask_density.size();
+  d.loss_mask.assign(o.sequences * o.seq, 1.0f);
+  std::size_t skipped = 0;
+  for (std::size_t q = 0; q < o.sequences; ++q) {
+    std::size_t const j = q % per; // the sequence within its rank's slice
+    double const rho = o.mask_density[(q / per) % n] * (2 * j < per ? 1.0 : 0.5);
+    auto const counted_prefix = static_cast<std::size_t>(rho * static_cast<double>(o.seq) + 0.5);
+    for (std::size_t t = 0; t < o.seq; ++t) {
+      std::size_t const r = q * o.seq + t;
+      double const u = double(mix(seed ^ 0x3a5c, r) >> 11) * 0x1.0p-53;
+      if (o.seq > 1 ? t < counted_prefix : u < rho)
+        continue;
+      if (skipped++ % 2 == 0)
+        d.targets[r] = nn::ignore_index;
+      else
+        d.loss_mask[r] = 0.0f;
+    }
+  }
 }
 
 namespace detail {
@@ -330,6 +369,7 @@ parity_report check_parity(C& world, Model const& model, parity_options o,
     throw check_failed("parity: a global batch of " + std::to_string(o.sequences) +
                        " sequences does not split over dp = " + std::to_string(dp));
   std::size_t const per = o.sequences / dp;
+  make_parity_mask(data, o, dp, mix(o.seed, 3));
   std::size_t const in = data.features.size() / (o.sequences * o.seq); // 0 for token models
   auto const mine = data.slice(d * per, per, o.seq, in);
 

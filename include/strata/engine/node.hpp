@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -76,15 +77,17 @@ public:
                             saved_base const&, tensor_view<T const>) {
     wrong("backward on token ids");
   }
-  // loss: the mean loss of the rows; backward writes dlogits = dloss * dmean/dlogits
+  // loss: the rows' loss, weighted by the mask (empty: none) and divided by norm (0: the
+  // mean over the counted rows); backward writes dlogits = dloss * d(loss)/d(logits)
   virtual double loss_forward(nn::layer_context const&, tensor_view<T const>,
-                              tensor_view<index_type const>, saved_base&) {
+                              tensor_view<index_type const>, std::span<float const>, double,
+                              saved_base&) {
     wrong("loss");
     return 0;
   }
   virtual void loss_backward(nn::layer_context const&, tensor_view<T const>,
-                             tensor_view<index_type const>, saved_base const&, tensor_view<T>,
-                             double) {
+                             tensor_view<index_type const>, std::span<float const>,
+                             saved_base const&, tensor_view<T>, double) {
     wrong("loss backward");
   }
 
@@ -200,14 +203,43 @@ public:
   node_kind kind() const noexcept override { return node_kind::loss; }
   std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
   std::size_t out_features() const noexcept override { return 0; }
+  // A loss layer that takes a mask and a normaliser (nn::softmax_cross_entropy) gets them;
+  // another one is called as before masks, and refuses a token-weighted batch.
+  static constexpr bool weighted = requires(
+      L & l, nn::layer_context const& c, tensor_view<T const> z, tensor_view<index_type const> t,
+      std::span<float const> m, typename L::saved_type& s, tensor_view<T> dz) {
+    l.forward(c, z, t, m, C{}, s);
+    l.backward(c, z, t, m, s, dz, C{});
+  };
   double loss_forward(nn::layer_context const& c, tensor_view<T const> logits,
-                      tensor_view<index_type const> targets, saved_base& s) override {
-    return static_cast<double>(this->layer_.forward(c, logits, targets, unbox<L>(s)));
+                      tensor_view<index_type const> targets, std::span<float const> mask,
+                      double norm, saved_base& s) override {
+    if constexpr (weighted) {
+      return static_cast<double>(
+          this->layer_.forward(c, logits, targets, mask, static_cast<C>(norm), unbox<L>(s)));
+    } else {
+      refuse_weights(mask, norm);
+      return static_cast<double>(this->layer_.forward(c, logits, targets, unbox<L>(s)));
+    }
   }
   void loss_backward(nn::layer_context const& c, tensor_view<T const> logits,
-                     tensor_view<index_type const> targets, saved_base const& s,
-                     tensor_view<T> dlogits, double dloss) override {
-    this->layer_.backward(c, logits, targets, unbox<L>(s), dlogits, static_cast<C>(dloss));
+                     tensor_view<index_type const> targets, std::span<float const> mask,
+                     saved_base const& s, tensor_view<T> dlogits, double dloss) override {
+    if constexpr (weighted)
+      this->layer_.backward(c, logits, targets, mask, unbox<L>(s), dlogits, static_cast<C>(dloss));
+    else
+      this->layer_.backward(c, logits, targets, unbox<L>(s), dlogits, static_cast<C>(dloss));
+  }
+
+private:
+  void refuse_weights(std::span<float const> mask, double norm) const {
+    if (!mask.empty() || norm > 0)
+      throw config_error("strata: the loss \"" + std::string(this->name()) +
+                         "\" takes no loss mask or normaliser, but the batch is token-weighted "
+                         "(a loss_mask, or ignore-index targets): give the loss layer "
+                         "forward(ctx, logits, targets, mask, norm, saved) and backward(ctx, "
+                         "logits, targets, mask, saved, dlogits, dloss), as "
+                         "nn::softmax_cross_entropy has");
   }
 };
 

@@ -17,6 +17,7 @@
 #include <strata/engine/program.hpp>
 #include <strata/engine/step_values.hpp>
 #include <strata/nn/context.hpp>
+#include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/detail/workspace.hpp>
 #include <strata/nn/parameter.hpp>
 #include <strata/optim/clipping.hpp>
@@ -292,6 +293,74 @@ public:
     values_.batch = b;
     values_.micro_batches = m;
     values_.mb_sequences = b.sequences / m;
+    values_.counted = values_.mean_counted = 0;
+    if (last_stage)
+      count_tokens(b);
+  }
+
+  /// A token-weighted batch's counted weight on this rank and, through the count groups
+  /// (one all-reduce of one double over the dp group), averaged over the ranks that split
+  /// the batch: the micro-batch losses' normaliser (step_values::loss_norm), known before
+  /// any backward. Host work over the targets and the mask; nothing for a batch without
+  /// either.
+  void count_tokens(batch_view<T> const& b) {
+    std::size_t const rows = b.rows();
+    bool const masked = !b.loss_mask.empty();
+    if (masked && b.loss_mask.size() != rows)
+      throw shape_error("strata: the batch has " + std::to_string(b.loss_mask.size()) +
+                        " loss-mask weights for " + std::to_string(rows) +
+                        " rows: give one per row, or none");
+    double counted = 0;
+    std::size_t ignored = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      if (b.targets[r] == nn::ignore_index) {
+        ++ignored;
+        continue;
+      }
+      if (masked) {
+        float const w = b.loss_mask[r];
+        if (!(w >= 0.0f) || !std::isfinite(w))
+          throw shape_error("strata: loss-mask weight " + std::to_string(w) + " at row " +
+                            std::to_string(r) + " of the batch: weights are finite and >= 0");
+        counted += static_cast<double>(w);
+      } else {
+        counted += 1;
+      }
+    }
+    if (!masked && ignored == 0)
+      return; // not token-weighted: every row counts, each micro-batch's mean as before
+    if (!masked && reductions_.has_count_groups())
+      throw config_error("strata: " + step_name() + ": the batch has " + std::to_string(ignored) +
+                         " ignore-index targets but no loss_mask while the batch is split over "
+                         "ranks: the ranks agree on a global token count through one "
+                         "all-reduce, which runs on the ranks whose batch has a loss_mask; give "
+                         "every rank's batch a loss_mask (1 where counted)");
+    values_.counted = counted;
+    double mean = counted;
+    reductions_.reduce_count(mean);
+    if (!(mean > 0))
+      throw error("strata: " + step_name() +
+                  ": the global batch has no counted tokens (every "
+                  "target is the ignore index or has loss-mask weight 0; this rank counts " +
+                  std::to_string(counted) + " of its " + std::to_string(rows) +
+                  " rows): the mean loss over no tokens is undefined; skip such a batch or "
+                  "count at least one token");
+    values_.mean_counted = mean;
+  }
+
+  /// "step k" for a training step being set up, or "an evaluation".
+  std::string step_name() const {
+    return values_.training ? "step " + std::to_string(values_.step + 1)
+                            : std::string("an evaluation");
+  }
+
+  /// This micro-batch's loss-mask weights (empty without a mask).
+  std::span<float const> mask_of(op const& o) const {
+    auto const& m = values_.batch.loss_mask;
+    if (m.empty())
+      return {};
+    std::size_t const rows = mb_rows();
+    return m.subspan(o.micro_batch * rows, rows);
   }
 
   std::size_t mb_rows() const noexcept { return values_.mb_sequences * values_.batch.seq; }
@@ -362,7 +431,8 @@ public:
     auto logits = acts_.out_of(l, o.slot).view(rows, model_.layers[l].out);
     auto targets = ids_of(values_.batch.targets, o);
     auto ctx = context(o);
-    reductions_.add_loss(model_.loss->loss_forward(ctx, logits, targets, *loss_saved(o.slot)));
+    reductions_.add_loss(model_.loss->loss_forward(ctx, logits, targets, mask_of(o),
+                                                   values_.loss_norm(), *loss_saved(o.slot)));
   }
 
   void run_backward(op const& o) {
@@ -376,8 +446,9 @@ public:
       // micro-batch: computed here, not at the loss, since a pipeline schedule may run
       // several forwards before this backward.
       auto logits = a.out_of(l, o.slot).view(rows, layers[l].out);
-      model_.loss->loss_backward(ctx, logits, ids_of(values_.batch.targets, o), *loss_saved(o.slot),
-                                 a.dout_[l].get(rows, layers[l].out), values_.dloss());
+      model_.loss->loss_backward(ctx, logits, ids_of(values_.batch.targets, o), mask_of(o),
+                                 *loss_saved(o.slot), a.dout_[l].get(rows, layers[l].out),
+                                 values_.dloss());
     }
     auto dy = a.dout_[l].view(rows_y, layers[l].out);
     if (layers[l].kind == node_kind::input) {

@@ -29,9 +29,19 @@ struct step_values {
   double grad_scale = 1;          // what the optimizer multiplies gradients by (clip, unscale)
   double grad_norm = -1;          // the global norm when computed, else -1
   bool skip_step = false;         // this step must not update (a gradient overflowed)
+  // A token-weighted batch (a loss_mask or ignore-index targets), set by set_batch on the
+  // ranks that hold the loss: this rank's counted weight, and the global batch's counted
+  // weight averaged over the ranks that split it (the count groups); 0: not token-weighted.
+  double counted = 0;
+  double mean_counted = 0;
 
   /// d(step loss)/d(micro-batch loss), times the loss scale: what the loss's backward seeds.
   double dloss() const noexcept { return loss_scale / static_cast<double>(micro_batches); }
+  /// What each micro-batch's loss divides its weighted sum by: the global batch's counted
+  /// weight per micro-batch and rank (so the sum over micro-batches / m, averaged over the
+  /// ranks, is the global sum / the global weight); 0 (not token-weighted): the loss's own
+  /// mean over its rows, as before masks.
+  double loss_norm() const noexcept { return mean_counted / static_cast<double>(micro_batches); }
 };
 
 namespace detail {
@@ -78,9 +88,13 @@ struct run_settings {
 
 /// Where passes register what they contribute to the step's shared scalars, so no pass
 /// chains another's function or writes a value another pass computed:
-///   loss()              the loss scalar (the sum of this rank's micro-batch mean losses;
-///                       a pass that splits the batch over ranks averages it over them, in
-///                       its own collective or riding on one); the mean is mean_loss();
+///   loss()              the loss scalar (the sum of this rank's micro-batch losses; a pass
+///                       that splits the batch over ranks averages it over them, in its own
+///                       collective or riding on one); the mean is mean_loss();
+///   add_count_group(f)  f(c) averages a token-weighted batch's counted weight over the
+///                       pass's group (the ranks that split the batch); set_batch applies
+///                       them, once a step and only for a token-weighted batch, before any
+///                       backward, so the loss's normaliser is global when backward seeds it;
 ///   add_norm_group(f)   f(sq) sums a local square norm over the pass's group; reduce_norm
 ///                       applies them in the reverse of registration (fold) order, the
 ///                       innermost-folded group first (dp, then tp, then pp);
@@ -94,9 +108,17 @@ public:
   double loss_sum() const noexcept { return loss_; }
   void add_loss(double v) noexcept { loss_ += v; }
   void reset_loss() noexcept { loss_ = 0; }
-  /// The step's loss: the mean over its micro-batches (and over ranks, once reduced).
+  /// The step's loss: the mean over its micro-batches (and over ranks, once reduced); for a
+  /// token-weighted batch, the global weighted mean over the counted rows.
   double mean_loss(std::size_t micro_batches) const noexcept {
     return loss_ / static_cast<double>(micro_batches);
+  }
+
+  void add_count_group(std::function<void(double&)> f) { count_.push_back(std::move(f)); }
+  bool has_count_groups() const noexcept { return !count_.empty(); }
+  void reduce_count(double& c) const {
+    for (auto const& f : count_)
+      f(c);
   }
 
   void add_norm_group(std::function<void(double&)> f) { norm_.push_back(std::move(f)); }
@@ -118,6 +140,7 @@ public:
 
 private:
   double loss_ = 0;
+  std::vector<std::function<void(double&)>> count_;
   std::vector<std::function<void(double&)>> norm_;
   std::vector<std::function<bool()>> checks_;
   std::function<bool(bool)> vote_;

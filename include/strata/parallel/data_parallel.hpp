@@ -152,9 +152,16 @@ public:
   /// Extra elements after the parameters carry the step's loss and this rank's sequence
   /// count (detail::count_code) in the last bucket, so averaging the loss over the replicas
   /// and refusing replicas fed batches of different sizes cost no collective of their own.
+  /// The dp group is the count group of token-weighted batches: their counted weight is
+  /// averaged over it (one all-reduce of one double, when the batch is set), so every
+  /// replica's loss divides by the global count and averaging gradients and losses over the
+  /// replicas, as for any batch, gives the global masked mean.
   void configure(engine::state<T, Device>& s) override {
     s.flat().tail = std::max(s.flat().tail, tail_size());
     s.settings().data_rank = static_cast<std::size_t>(dp_->rank());
+    if (dp_->size() > 1)
+      s.reductions().add_count_group(
+          [this](double& c) { dp_->all_reduce(std::span<double>(&c, 1), comm::reduce_op::avg); });
   }
 
   void setup(engine::state<T, Device>& s) override {

@@ -71,7 +71,8 @@ struct trainer_options {
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
-/// ranks), the gradient norm (-1 when not computed), the learning rate, whether it was
+/// ranks; for a token-weighted batch, the mean over the global batch's counted tokens), the
+/// gradient norm (-1 when not computed), the learning rate, whether it was
 /// skipped, and where its time went.
 struct step_result {
   std::int64_t step = 0;
@@ -533,8 +534,9 @@ private:
       narrow_.resize(b.features.size());
     for (std::size_t i = 0; i < b.features.size(); ++i)
       narrow_[i] = element_cast<T>(b.features[i]);
-    return {b.sequences, b.seq, b.tokens, std::span<T const>(narrow_.data(), b.features.size()),
-            b.targets};
+    return {b.sequences, b.seq,
+            b.tokens,    std::span<T const>(narrow_.data(), b.features.size()),
+            b.targets,   b.loss_mask};
   }
 
   void init(Model const& model, engine::optimizer_factory<master_type> optimizer) {

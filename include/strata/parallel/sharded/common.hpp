@@ -239,8 +239,10 @@ protected:
   /// The stage's operations of an evaluation (before the loss at its end is placed).
   virtual void plan_eval(engine::program&, std::uint16_t, ops&, ops&) {}
 
-  /// The segments, this rank's place in the dp group, what the flat buffers hold whole, and
-  /// the norm group: each element is counted on one rank, the squared norms add up over dp.
+  /// The segments, this rank's place in the dp group, what the flat buffers hold whole, the
+  /// norm group (each element is counted on one rank, the squared norms add up over dp) and
+  /// the count group of token-weighted batches (their counted weight averaged over dp, as
+  /// data parallel's).
   void configure_layout(engine::state<T, Device>& s, std::vector<std::int32_t> segment_of_layer,
                         bool hold_values, bool hold_grads) {
     s.flat().segment_of_layer = std::move(segment_of_layer);
@@ -250,6 +252,9 @@ protected:
     s.flat().hold_grads = hold_grads;
     s.reductions().add_norm_group(
         [this](double& sq) { dp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum); });
+    if (dp_->size() > 1)
+      s.reductions().add_count_group(
+          [this](double& c) { dp_->all_reduce(std::span<double>(&c, 1), comm::reduce_op::avg); });
   }
 
   /// Stages 1 and 2: segments are buckets, as data parallel's: layers join until the segment
