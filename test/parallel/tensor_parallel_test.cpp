@@ -278,3 +278,24 @@ TEST_CASE("each tensor-parallel rank holds 1/tp of the split weights", "[paralle
                      std::to_string(t.parameter_count()) + " of " + std::to_string(whole));
   });
 }
+
+TEST_CASE("tensor parallel on a model with no split layer is refused on every rank",
+          "[parallel][tp]") {
+  tp_mlp_model<float> m;
+  m.blocks = 0; // the replicated input projection and head only
+  std::vector<std::string> what(2);
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.tp = 2});
+    try {
+      st::trainer<tp_mlp_model<float>, tp> t(mesh, m, eng::use<st::optim::sgd<float>>(),
+                                             {.lr = st::test::constant_lr(0.1)});
+    } catch (st::config_error const& e) {
+      what[static_cast<std::size_t>(world.rank())] = e.what();
+    }
+  });
+  for (auto const& w : what) {
+    CHECK_THAT(w, Catch::Matchers::Contains("tensor_parallel over tp = 2 but no layer of the "
+                                            "model is split"));
+    CHECK_THAT(w, Catch::Matchers::Contains("build the mesh with tp = 1"));
+  }
+}

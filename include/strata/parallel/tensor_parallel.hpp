@@ -28,7 +28,9 @@ namespace strata::parallel {
 template <class T, comm::communicator C, class Device = host>
 class tensor_parallel_pass final : public engine::pass<T, Device> {
 public:
-  explicit tensor_parallel_pass(C& tp) : tp_(&tp), ops_(tp), group_(ops_.group()) {}
+  /// tp: the mesh's tp group; world: every rank (the check that some layer is split).
+  tensor_parallel_pass(C& tp, C& world)
+      : tp_(&tp), world_(&world), ops_(tp), group_(ops_.group()) {}
 
   std::string_view name() const noexcept override { return "tensor_parallel"; }
   C& group() noexcept { return *tp_; }
@@ -42,8 +44,28 @@ public:
         [this](double& sq) { tp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum); });
   }
 
+  /// Refuses a model none of whose layers is split over the tp group (no parameter of any
+  /// rank is a tp shard): each tp rank would compute the whole model. Every rank takes part
+  /// (one all-reduce of one value over the world) and every rank throws.
+  void setup(engine::state<T, Device>& s) override {
+    if (tp_->size() <= 1)
+      return;
+    double split = 0;
+    for (auto const& e : s.flat().params)
+      split += e.p->sharded() ? 1 : 0;
+    world_->all_reduce(std::span<double>(&split, 1), comm::reduce_op::sum);
+    if (split == 0)
+      throw config_error(
+          "strata: the plan has tensor_parallel over tp = " + std::to_string(tp_->size()) +
+          " but no layer of the model is split over the tp group (no parameter is a tp shard): "
+          "every tp rank would compute the whole model. Build the model from tensor-parallel "
+          "layers (column_parallel_linear, row_parallel_linear, the GPT's blocks; a user's "
+          "layer takes the builder's tp() group), or build the mesh with tp = 1");
+  }
+
 private:
   C* tp_;
+  C* world_;
   nn::tp_ops_of<C> ops_; // the group's collectives, as the layers call them
   nn::tp_group group_;
 };
@@ -79,7 +101,8 @@ struct option_traits<tensor_parallel<Os...>> {
   }
   template <class T, class R, class D, class C>
   static std::unique_ptr<engine::pass<T, D>> make_pass(options_type const&, pass_context<C>& ctx) {
-    return std::make_unique<parallel::tensor_parallel_pass<T, C, D>>(ctx.mesh->tp());
+    return std::make_unique<parallel::tensor_parallel_pass<T, C, D>>(ctx.mesh->tp(),
+                                                                     ctx.mesh->world());
   }
 };
 
