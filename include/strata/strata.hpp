@@ -37,6 +37,7 @@
 #include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/dropout.hpp>
 #include <strata/nn/embedding.hpp>
+#include <strata/nn/grad_check.hpp>
 #include <strata/nn/layer.hpp>
 #include <strata/nn/layer_norm.hpp>
 #include <strata/nn/linear.hpp>
@@ -44,6 +45,7 @@
 #include <strata/nn/parallel_attention.hpp>
 #include <strata/nn/parallel_transformer_block.hpp>
 #include <strata/nn/parameter.hpp>
+#include <strata/nn/scratch.hpp>
 #include <strata/nn/sequence.hpp>
 #include <strata/nn/tensor_parallel.hpp>
 #include <strata/nn/transformer_block.hpp>

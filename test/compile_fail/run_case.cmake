@@ -1,6 +1,7 @@
-# Compiles plans.cpp for one case: EXPECT=fail must fail with a message matching REGEX (and
-# NUMBERS, when given); EXPECT=pass (the twin) must compile, -fsyntax-only: nothing is linked;
-# EXPECT=run is linked into BINARY and run, and must exit 0.
+# Compiles SOURCE (plans.cpp, layers.cpp) for one case: EXPECT=fail must fail with a message
+# matching REGEX (and NUMBERS, when given; with FIRST_ERROR, REGEX must match the first error
+# line); EXPECT=pass (the twin) must compile, -fsyntax-only: nothing is linked; EXPECT=run is
+# linked into BINARY and run, and must exit 0.
 separate_arguments(flags UNIX_COMMAND "${FLAGS}")
 set(defs -DSTRATA_CASE=${CASE})
 if(EXPECT STREQUAL "pass")
@@ -33,6 +34,13 @@ else()
   endif()
   if(NOT err MATCHES "${REGEX}")
     message(FATAL_ERROR "case ${CASE}: refused, but without the expected message /${REGEX}/:\n${err}")
+  endif()
+  if(FIRST_ERROR)
+    # The first error the compiler reports must be the expected one.
+    string(REGEX MATCH "error: [^\n]*" first "${err}")
+    if(NOT first MATCHES "${REGEX}")
+      message(FATAL_ERROR "case ${CASE}: refused, but the first error is not /${REGEX}/:\n${first}")
+    endif()
   endif()
   if(NUMBERS AND NOT err MATCHES "${NUMBERS}")
     message(FATAL_ERROR "case ${CASE}: refused, but the numbers /${NUMBERS}/ are not shown:\n${err}")

@@ -133,6 +133,26 @@ public:
 template <floating_element T>
 using compute_t = typename element_traits<T>::compute_type;
 
+/// Widens a stored value to the compute type C: exact for f16 and bf16 into float (C is
+/// usually compute_t<T>; C = T is the identity). What a layer reads its 16-bit storage with.
+template <class C, class T>
+inline C to_compute_value(T v) noexcept {
+  if constexpr (std::is_same_v<T, C>)
+    return v;
+  else
+    return static_cast<C>(element_traits<T>::to_compute(v));
+}
+
+/// Rounds a compute-type value to the storage type T once (to nearest, ties to even; the
+/// identity when C = T). What a layer stores its results with.
+template <class T, class C>
+inline T from_compute_value(C v) noexcept {
+  if constexpr (std::is_same_v<T, C>)
+    return v;
+  else
+    return element_traits<T>::from_compute(static_cast<compute_t<T>>(v));
+}
+
 namespace detail {
 
 // Rounds a double to float with round-to-odd: inexact results take the neighbour whose last

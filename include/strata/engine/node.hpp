@@ -276,12 +276,15 @@ public:
   template <class L>
   void add(L&& l) {
     using U = std::remove_cvref_t<L>;
-    static_assert(nn::layer<U>, "strata: model_builder::add takes an nn::layer (forward and "
-                                "backward on activations)");
-    static_assert(std::same_as<typename U::value_type, T>,
-                  "strata: a layer's value_type differs from the model's");
-    check_open(l.name());
-    push(std::make_unique<detail::hidden_node<U, T>>(std::move(l)));
+    // Member by member first, so the first error names what the type lacks.
+    static_assert(nn::check_layer_members<U>(), "strata: model_builder::add takes an nn::layer "
+                                                "(forward and backward on activations)");
+    if constexpr (nn::layer<U>) {
+      static_assert(std::same_as<typename U::value_type, T>,
+                    "strata: a layer's value_type differs from the model's");
+      check_open(l.name());
+      push(std::make_unique<detail::hidden_node<U, T>>(std::move(l)));
+    }
   }
   template <class L>
   void loss(L&& l) {

@@ -49,6 +49,74 @@ concept layer = has_parameters<L> &&
   l.backward(ctx, x, std::as_const(s), x, y);
 };
 
+namespace detail {
+// One requirement of `layer` each, so that check_layer_members can name what is missing.
+template <class L>
+concept names_value_type = requires {
+  typename L::value_type;
+};
+template <class L>
+concept names_compute_type = requires {
+  typename L::compute_type;
+};
+template <class L>
+concept names_saved_type = requires {
+  typename L::saved_type;
+}
+&&std::default_initializable<typename L::saved_type>;
+template <class L>
+concept has_name = requires(L const& cl) {
+  { cl.name() } -> std::convertible_to<std::string_view>;
+};
+template <class L>
+concept has_features = requires(L const& cl) {
+  { cl.in_features() } -> std::convertible_to<std::size_t>;
+  { cl.out_features() } -> std::convertible_to<std::size_t>;
+};
+template <class L>
+concept has_forward = requires(L& l, layer_context const& ctx, typename L::saved_type& s,
+                               tensor_view<typename L::value_type const> x,
+                               tensor_view<typename L::value_type> y) {
+  l.forward(ctx, x, y, s);
+};
+template <class L>
+concept has_backward = requires(L& l, layer_context const& ctx, typename L::saved_type const& s,
+                                tensor_view<typename L::value_type const> x,
+                                tensor_view<typename L::value_type> dx) {
+  l.backward(ctx, x, s, x, dx);
+};
+} // namespace detail
+
+/// Checks L against `layer` one member at a time, each with a static_assert that names the
+/// member, in the order below, and returns layer<L>. The model builder calls it before it
+/// uses the concept, so a type that is not a layer fails first with the name of what it
+/// lacks; call it beside a layer of your own: static_assert(check_layer_members<my_layer>()).
+template <class L>
+constexpr bool check_layer_members() {
+  static_assert(detail::names_value_type<L>,
+                "strata: a layer needs `using value_type = T;` (its storage type)");
+  static_assert(detail::names_compute_type<L>,
+                "strata: a layer needs `using compute_type = C;` (its arithmetic type)");
+  static_assert(detail::names_saved_type<L>,
+                "strata: a layer needs a default-constructible `saved_type` (what forward "
+                "keeps for backward; an empty struct when nothing)");
+  static_assert(detail::has_name<L>,
+                "strata: a layer needs `name() const` returning its name (a string_view)");
+  static_assert(detail::has_features<L>,
+                "strata: a layer needs `in_features() const` and `out_features() const`");
+  static_assert(has_parameters<L>,
+                "strata: a layer needs `for_each_parameter(f)` calling f(parameter<T>&) for "
+                "each parameter (an empty body when it has none)");
+  static_assert(detail::has_forward<L>,
+                "strata: a layer needs `forward(ctx, x, y, saved)` (layer_context const&, "
+                "tensor_view<T const>, tensor_view<T>, saved_type&)");
+  static_assert(detail::has_backward<L>,
+                "strata: a layer needs `backward(ctx, x, saved, dy, dx)` (layer_context "
+                "const&, tensor_view<T const>, saved_type const&, tensor_view<T const>, "
+                "tensor_view<T>)");
+  return layer<L>;
+}
+
 /// Sets every parameter of l to its initial value (a function of its name, the seed and the
 /// element index only).
 template <has_parameters L>

@@ -25,21 +25,9 @@ struct gemm_blocking {
   static constexpr std::size_t nc = 2048 / sizeof(C) * 4; // columns of a packed B block (L3)
 };
 
-template <class C, class T>
-inline C to_compute_value(T v) noexcept {
-  if constexpr (std::is_same_v<T, C>)
-    return v;
-  else
-    return static_cast<C>(element_traits<T>::to_compute(v));
-}
-
-template <class T, class C>
-inline T from_compute_value(C v) noexcept {
-  if constexpr (std::is_same_v<T, C>)
-    return v;
-  else
-    return element_traits<T>::from_compute(static_cast<compute_t<T>>(v));
-}
+// The widening and rounding of core/element.hpp, by the names the layers use inside detail.
+using strata::from_compute_value;
+using strata::to_compute_value;
 
 // Packing buffers, one pair a thread, grown on first use only: after the first call with the
 // largest shape a GEMM allocates nothing.
