@@ -1,14 +1,22 @@
 // The training demo: a character-level GPT trained on a real text — the GPL under
 // /usr/share/common-licenses (present on every Debian machine) or any file given by --data —
-// under a parallel layout chosen by flags, on in-process ranks (threads; the default) or
-// under mpirun with --backend mpi.
+// or a GPT trained on a file of token ids (nanoGPT's train.bin), under a parallel layout chosen
+// by flags, on in-process ranks (threads; the default) or under mpirun with --backend mpi.
 //
 //   strata_train_gpt [--dp N] [--tp N] [--pp N] [--zero S] [--schedule gpipe|1f1b|interleaved]
 //                    [--micro-batches M] [--precision fp32|bf16|fp16]
 //                    [--recompute none|full|selective|every:K|offload] [--backend local|mpi]
-//                    [--data FILE] [--steps N] [--batch B] [--seq T] [--layers L]
-//                    [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N]
-//                    [--csv FILE] [--svg FILE] [--expect-margin NATS]
+//                    [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] [--steps N]
+//                    [--batch B] [--seq T] [--layers L] [--features D] [--heads H] [--lr LR]
+//                    [--seed S] [--eval-every N] [--csv FILE] [--svg FILE]
+//                    [--expect-margin NATS]
+//
+// --data takes a text file (character-level ids) or a token file: flat little-endian u16 or
+// u32 ids, mapped and read on demand. It is a token file when --data-dtype gives its width,
+// when it has a strata index beside it (FILE.idx, which gives the width, the vocabulary and
+// the documents), or when its name ends in .bin (then without an index --data-dtype must say
+// the width). --vocab sets the vocabulary of a token file (default: its index's, else the
+// largest id + 1). The first 90% of the ids train, the rest validate (at most 20 batches).
 //
 // The default layout is hybrid, on 4 ranks: dp 2 x pp 2 (1F1B, 4 micro-batches), data
 // parallel. --zero S (1, 2, 3) shards the data-parallel state (ZeRO-S); --tp N splits every
@@ -28,6 +36,8 @@
 #include <strata/data/loader.hpp>
 #include <strata/data/sampler.hpp>
 #include <strata/data/text_dataset.hpp>
+#include <strata/data/token_file.hpp>
+#include <strata/data/token_file_dataset.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/schedule.hpp>
@@ -41,8 +51,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +65,8 @@ namespace {
 
 struct options {
   std::string data = "/usr/share/common-licenses/GPL-3";
+  std::string data_dtype = "auto"; // a token file's id width: auto (its index), u16, u32
+  std::size_t vocab = 0;           // a token file's vocabulary: 0 = the index's or max id + 1
   std::size_t steps = 300, batch = 8, seq = 64, layers = 8, features = 64, heads = 4;
   std::size_t micro_batches = 4, eval_every = 50;
   int dp = 2, tp = 1, pp = 2, zero = 0;
@@ -68,7 +82,8 @@ struct options {
                "usage: strata_train_gpt [--dp N] [--tp N] [--pp N] [--zero S] "
                "[--schedule gpipe|1f1b|interleaved] [--micro-batches M] "
                "[--precision fp32|bf16|fp16] [--recompute none|full|selective|every:K|offload] "
-               "[--backend local|mpi] [--data FILE] [--steps N] [--batch B] [--seq T] "
+               "[--backend local|mpi] [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] "
+               "[--steps N] [--batch B] [--seq T] "
                "[--layers L] [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N] "
                "[--csv FILE] [--svg FILE] [--expect-margin NATS]\n",
                why.c_str());
@@ -100,6 +115,10 @@ options parse(int argc, char** argv) {
     };
     if (a == "--data")
       o.data = v;
+    else if (a == "--data-dtype")
+      o.data_dtype = one_of({"auto", "u16", "u32"});
+    else if (a == "--vocab")
+      number(o.vocab);
     else if (a == "--steps")
       number(o.steps);
     else if (a == "--batch")
@@ -244,17 +263,80 @@ void write_svg(std::string const& path, std::vector<step_row> const& rows, doubl
   f << "'/>\n</svg>\n";
 }
 
+// What the demo trains on: the training and validation views of one dataset (text or token
+// file), its vocabulary, the unigram entropy to beat, what to print of it, and how many
+// validation batches to read at most.
+template <class Dataset>
+struct training_data {
+  Dataset train, validation;
+  std::size_t vocab;
+  double entropy;
+  std::string line;
+  std::size_t max_val_batches;
+};
+
+// --data is a token file when --data-dtype gives its width, when it has an index, or when its
+// name ends in .bin.
+bool token_file(options const& o) {
+  std::error_code ec;
+  return o.data_dtype != "auto" ||
+         std::filesystem::exists(st::data::token_index_path(o.data), ec) ||
+         std::filesystem::path(o.data).extension() == ".bin";
+}
+
+// A token file, mapped: the width from --data-dtype or its index; the vocabulary from --vocab,
+// its index or its largest id; the entropy over its first 2^24 ids.
+training_data<st::data::token_file_dataset> token_data(options const& o) {
+  namespace sd = st::data;
+  std::filesystem::path const index = sd::token_index_path(o.data);
+  std::error_code ec;
+  if (o.data_dtype == "auto" && !std::filesystem::exists(index, ec))
+    throw st::config_error("--data " + o.data + " has no index '" + index.string() +
+                           "' to say the width of its ids; give --data-dtype u16 (nanoGPT's "
+                           "train.bin) or --data-dtype u32");
+  sd::token_file_options const options{.sample_tokens = o.seq,
+                                       .vocab = o.vocab,
+                                       .dtype = o.data_dtype == "u16" ? sd::token_dtype::u16
+                                                : o.data_dtype == "u32"
+                                                    ? sd::token_dtype::u32
+                                                    : sd::token_dtype::from_index};
+  sd::token_file_dataset const tokens(o.data, options);
+  auto [train, validation] = tokens.split(0.9);
+  std::size_t const entropy_ids = std::min<std::size_t>(tokens.token_count(), 1u << 24);
+  std::string line =
+      o.data + ", " + std::to_string(tokens.token_count()) + " " + sd::to_string(tokens.dtype()) +
+      " ids (" +
+      (tokens.indexed() ? "index " + index.string() : std::string("no index: read once")) +
+      "; documents " + std::to_string(tokens.documents()) + ")";
+  double const entropy = tokens.unigram_entropy(entropy_ids);
+  if (entropy_ids < tokens.token_count())
+    line += " [entropy over the first " + std::to_string(entropy_ids) + " ids]";
+  return {std::move(train), std::move(validation), tokens.vocab(), entropy, std::move(line), 20};
+}
+
+// A text file, character-level ids.
+training_data<st::data::text_dataset> text_data(options const& o) {
+  st::data::text_dataset const text(o.data, o.seq, st::data::text_encoding::character);
+  auto [train, validation] = text.split(0.9);
+  return {std::move(train),
+          std::move(validation),
+          text.vocab(),
+          text.unigram_entropy(),
+          o.data + ", " + std::to_string(text.tokens().size()) + " characters",
+          std::numeric_limits<std::size_t>::max()};
+}
+
 // One rank's run; every rank runs it, rank 0 prints and writes the files. Returns the exit
 // code.
-template <class Precision, class C>
-int train(C& world, options const& o) {
+template <class Precision, class C, class Dataset>
+int train_on(C& world, options const& o, training_data<Dataset> const& data) {
   st::comm::mesh mesh(world, {.dp = o.dp, .tp = o.tp, .pp = o.pp});
   bool const lead = world.rank() == 0;
-  st::data::text_dataset const text(o.data, o.seq, st::data::text_encoding::character);
-  auto const [train_set, val_set] = text.split(0.9);
-  double const entropy = text.unigram_entropy();
+  auto const& train_set = data.train;
+  auto const& val_set = data.validation;
+  double const entropy = data.entropy;
   std::size_t const tp = static_cast<std::size_t>(o.tp);
-  std::size_t const vocab = (text.vocab() + tp - 1) / tp * tp; // padded for the tp split
+  std::size_t const vocab = (data.vocab + tp - 1) / tp * tp; // padded for the tp split
   st::models::gpt_model<float> const model{
       {.vocab = vocab, .seq = o.seq, .features = o.features, .heads = o.heads, .layers = o.layers}};
   st::optim::warmup_cosine_schedule const schedule(
@@ -266,9 +348,8 @@ int train(C& world, options const& o) {
       mesh, model, st::engine::use<st::optim::adamw<float>>({.weight_decay = 0.1}),
       {.lr = schedule, .clip = 1.0, .seed = o.seed}, layout_of(o));
   if (lead) {
-    std::printf("data: %s, %zu characters, vocabulary %zu (model: %zu), unigram entropy %.3f "
-                "nats\n",
-                o.data.c_str(), text.tokens().size(), text.vocab(), vocab, entropy);
+    std::printf("data: %s, vocabulary %zu (model: %zu), unigram entropy %.3f nats\n",
+                data.line.c_str(), data.vocab, vocab, entropy);
     std::string const dp_kind = o.zero ? "ZeRO-" + std::to_string(o.zero) : "data parallel";
     std::printf("layout: %d ranks (%s backend) = dp %d x tp %d x pp %d; %s, %s, %zu "
                 "micro-batches, %s, recompute %s\n",
@@ -288,8 +369,10 @@ int train(C& world, options const& o) {
   st::data::loader val_loader(
       val_set, st::data::distributed_sampler(val_set.size(), o.dp, dp_rank, {.shuffle = false}),
       {.batch = val_per});
-  std::size_t const val_batches = val_loader.batches_per_epoch();
-  auto validate = [&] {
+  std::size_t const val_batches = std::min(val_loader.batches_per_epoch(), data.max_val_batches);
+  st::data::loader_state const val_start = val_loader.state();
+  auto validate = [&] { // the same batches each time
+    val_loader.load(val_start);
     double sum = 0;
     for (std::size_t i = 0; i < val_batches; ++i)
       sum += trainer.evaluate(val_loader.next());
@@ -341,6 +424,17 @@ int train(C& world, options const& o) {
     return 1;
   }
   return 0;
+}
+
+template <class Precision, class C>
+int train(C& world, options const& o) {
+  if (token_file(o))
+    return train_on<Precision>(world, o, token_data(o));
+  if (o.vocab != 0)
+    throw st::config_error("--vocab sets the vocabulary of a token file, and --data " + o.data +
+                           " is read as text (character-level ids); give a token file, or "
+                           "--data-dtype u16|u32 to read this one as ids");
+  return train_on<Precision>(world, o, text_data(o));
 }
 
 template <class C>

@@ -1,4 +1,4 @@
-// Random inputs for the data tests (from the run's seed and a label) and temporary text files.
+// Random inputs for the data tests (from the run's seed and a label) and temporary files.
 #pragma once
 
 #include "../support/seed.hpp"
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <string_view>
@@ -35,27 +36,51 @@ inline std::string random_text(std::size_t n, std::string_view alphabet, std::ui
   return s;
 }
 
-/// A file under the system's temporary folder holding `contents`, removed with this object.
-/// The name is drawn from the system, so processes that run at once do not share one.
-class temp_file {
+/// A path under the system's temporary folder, removed with this object together with its
+/// sidecar index (PATH.idx). The name is drawn from the system, so processes that run at once
+/// do not share one.
+class temp_path {
 public:
-  explicit temp_file(std::string_view contents) {
+  explicit temp_path(std::string_view extension = ".bin") {
     std::random_device rd;
-    path_ = std::filesystem::temp_directory_path() /
-            ("strata_data_test_" + std::to_string(rd()) + "_" + std::to_string(rd()) + ".txt");
-    std::ofstream out(path_, std::ios::binary);
-    out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+    path_ =
+        std::filesystem::temp_directory_path() / ("strata_data_test_" + std::to_string(rd()) + "_" +
+                                                  std::to_string(rd()) + std::string(extension));
   }
-  temp_file(temp_file const&) = delete;
-  temp_file& operator=(temp_file const&) = delete;
-  ~temp_file() {
+  temp_path(temp_path const&) = delete;
+  temp_path& operator=(temp_path const&) = delete;
+  ~temp_path() {
     std::error_code ec;
     std::filesystem::remove(path_, ec);
+    std::filesystem::path idx = path_;
+    idx += ".idx";
+    std::filesystem::remove(idx, ec);
   }
   std::filesystem::path const& path() const noexcept { return path_; }
 
 private:
   std::filesystem::path path_;
+};
+
+/// Writes `contents` to `path` as they are.
+inline void write_bytes(std::filesystem::path const& path, std::string_view contents) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(contents.data(), static_cast<std::streamsize>(contents.size()));
+}
+
+/// The bytes of a file.
+inline std::string read_bytes(std::filesystem::path const& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+/// A file under the system's temporary folder holding `contents`, removed with this object.
+class temp_file : public temp_path {
+public:
+  explicit temp_file(std::string_view contents, std::string_view extension = ".txt")
+      : temp_path(extension) {
+    write_bytes(path(), contents);
+  }
 };
 
 } // namespace strata::test::data

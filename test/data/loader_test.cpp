@@ -178,16 +178,21 @@ TEST_CASE("a saved loader state gives the identical next batches", "[data][loade
     CHECK(b.state() == a.state());
   }
 
-  sd::loader c(ds, sd::distributed_sampler(ds.size(), 1, 0), {.batch = 4});
+  sd::loader c(ds, sd::distributed_sampler(ds.size(), 2, 0), {.batch = 2});
   sd::loader_state s = c.state();
-  s.batch = 3;
-  CHECK_THROWS_WITH(c.load(s), Contains("saved with batch 3 and drop_last into a loader with "
-                                        "batch 4 and drop_last"));
+  CHECK(s.global_batch == 4);
+  s.drop_last = false;
+  CHECK_THROWS_WITH(c.load(s), Contains("saved without drop_last into a loader with it"));
   s = c.state();
-  s.sampler.position = 2;
-  CHECK_THROWS_WITH(c.load(s), Contains("at sample 2 of an epoch, which is not a boundary of "
-                                        "batches of 4"));
-  CHECK(c.state() == sd::loader(ds, sd::distributed_sampler(ds.size(), 1, 0), {.batch = 4})
+  s.sampler.consumed = 6;
+  s.global_batch = 6;
+  CHECK_THROWS_WITH(c.load(s), Contains("at position 6 of epoch 0, which is not a boundary of "
+                                        "this loader's global batches of 4 (batch 2 x 2 "
+                                        "replicas); it was saved with global batches of 6"));
+  s = c.state();
+  s.sampler.dataset_size = 7;
+  CHECK_THROWS_WITH(c.load(s), Contains("dataset_size 7 (saved) vs"));
+  CHECK(c.state() == sd::loader(ds, sd::distributed_sampler(ds.size(), 2, 0), {.batch = 2})
                          .state()); // unchanged by the failed loads
 }
 

@@ -1,5 +1,6 @@
 // distributed_sampler: shares that are disjoint and complete, padding and drop_last, shuffles
-// that follow (seed, epoch) alone, epochs that advance by themselves, and saved state.
+// that follow (seed, epoch) alone, epochs that advance by themselves, and saved state (the
+// global position: resumed on other numbers of ranks in reshard_test.cpp).
 #include "inputs.hpp"
 
 #include <strata/core/error.hpp>
@@ -127,13 +128,17 @@ TEST_CASE("the epoch advances by itself with a new permutation", "[data][sampler
   std::size_t const size = td::draw(k, 0, 30, 300);
   sd::distributed_sampler s(size, 1, 0, {.seed = k});
   CHECK(s.epoch() == 0);
-  CHECK(s.position() == 0);
+  CHECK(s.consumed() == 0);
+  CHECK(s.left() == size);
   std::vector<std::size_t> const e0 = take(s, size);
   CHECK(s.epoch() == 0); // complete, not yet advanced
-  CHECK(s.position() == size);
+  CHECK(s.consumed() == size);
+  CHECK(s.left() == 0);
+  CHECK(s.state().epoch == 1); // saved as the start of the next
+  CHECK(s.state().consumed == 0);
   std::size_t const first = s.next();
   CHECK(s.epoch() == 1);
-  CHECK(s.position() == 1);
+  CHECK(s.consumed() == 1);
   std::vector<std::size_t> e1 = take(s, size - 1);
   e1.insert(e1.begin(), first);
   CHECK(is_permutation_of_iota(e0));
@@ -187,8 +192,8 @@ TEST_CASE("a saved state continues with the same indices for two epochs", "[data
     std::size_t const extra = td::draw(k, 4, 0, n - 1);
     take(a, n + extra);
     sd::sampler_state const saved = a.state();
-    CHECK(saved.epoch == (extra == 0 ? 0u : 1u));
-    CHECK(saved.position == (extra == 0 ? n : extra));
+    CHECK(saved.epoch == 1); // a complete epoch 0 is saved as the start of epoch 1
+    CHECK(saved.consumed == extra * static_cast<std::size_t>(replicas));
     std::vector<std::size_t> const expected = take(a, 2 * n);
 
     // Another seed in the constructor: the saved one wins.
@@ -204,16 +209,16 @@ TEST_CASE("loading a state of another setup names the fields that differ", "[dat
   sd::distributed_sampler a(100, 4, 1, {.seed = 3});
   sd::sampler_state s = a.state();
   s.dataset_size = 90;
-  s.replicas = 2;
+  s.drop_last = true;
   sd::distributed_sampler b(100, 4, 1, {.seed = 3});
   CHECK_THROWS_WITH(b.load(s), Contains("dataset_size 90 (saved) vs 100 (this sampler)") &&
-                                   Contains("replicas 2 (saved) vs 4 (this sampler)"));
+                                   Contains("drop_last true (saved) vs false (this sampler)"));
   s = a.state();
   s.shuffle = false;
   CHECK_THROWS_WITH(b.load(s), Contains("shuffle false (saved) vs true"));
   s = a.state();
-  s.position = 26;
-  CHECK_THROWS_WITH(b.load(s), Contains("position 26 of an epoch of 25"));
+  s.consumed = 100;
+  CHECK_THROWS_WITH(b.load(s), Contains("position 100 of an epoch of 100 samples"));
   CHECK(b.state() == a.state()); // unchanged by the failed loads
 }
 
