@@ -9,6 +9,7 @@
 //                    [--data FILE] [--steps N] [--batch B] [--seq T] [--layers L]
 //                    [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N]
 //                    [--csv FILE] [--svg FILE] [--expect-margin NATS]
+//                    [--generate N] [--temperature T] [--prompt TEXT]
 //
 // The default layout is hybrid, on 4 ranks: dp 2 x pp 2 (1F1B, 4 micro-batches), data
 // parallel. --zero S (1, 2, 3) shards the data-parallel state (ZeRO-S); --tp N splits every
@@ -23,6 +24,12 @@
 // communication, a CSV of the metrics (--csv) and the loss curve as an SVG file (--svg). With
 // --expect-margin m it exits 1 unless the final validation loss is below the entropy minus m
 // nats.
+//
+// With --generate N, after training it continues --prompt (default: the first 32 tokens of the
+// validation text) by N tokens, one trainer.predict a token on the last --seq tokens: the
+// argmax (greedy) by default, or with --temperature T > 0 a sample from softmax(logits / T)
+// drawn by a generator seeded with --seed. It prints the prompt and its continuation as
+// text; for data without an alphabet (token files) as token ids.
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/data/loader.hpp>
@@ -42,7 +49,9 @@
 #include <cstdlib>
 #include <exception>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +69,9 @@ struct options {
   std::string csv = "strata_train_gpt.csv", svg = "strata_train_gpt.svg";
   double lr = 5e-3, expect_margin = -1;
   std::uint64_t seed = 1234;
+  std::size_t generate = 0; // tokens to generate after training
+  double temperature = 0;   // 0: greedy
+  std::string prompt;       // empty: the start of the validation text
 };
 
 [[noreturn]] void usage(std::string const& why) {
@@ -70,7 +82,8 @@ struct options {
                "[--precision fp32|bf16|fp16] [--recompute none|full|selective|every:K|offload] "
                "[--backend local|mpi] [--data FILE] [--steps N] [--batch B] [--seq T] "
                "[--layers L] [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N] "
-               "[--csv FILE] [--svg FILE] [--expect-margin NATS]\n",
+               "[--csv FILE] [--svg FILE] [--expect-margin NATS] [--generate N] "
+               "[--temperature T] [--prompt TEXT]\n",
                why.c_str());
   std::exit(2);
 }
@@ -141,7 +154,13 @@ options parse(int argc, char** argv) {
         o.recompute = one_of({"none", "full", "selective", "offload"});
       else
         o.recompute = v;
-    } else if (a == "--csv")
+    } else if (a == "--generate")
+      number(o.generate);
+    else if (a == "--temperature")
+      number(o.temperature);
+    else if (a == "--prompt")
+      o.prompt = v;
+    else if (a == "--csv")
       o.csv = v;
     else if (a == "--svg")
       o.svg = v;
@@ -244,6 +263,88 @@ void write_svg(std::string const& path, std::vector<step_row> const& rows, doubl
   f << "'/>\n</svg>\n";
 }
 
+// How generated tokens are read and shown: a character alphabet, or none (token ids).
+struct token_text {
+  std::function<std::int32_t(char)> encode; // empty: the prompt is token ids
+  std::function<char(std::int32_t)> decode;
+};
+
+// The prompt's ids: its characters through the alphabet, or (no alphabet) the ids it lists.
+std::vector<std::int32_t> prompt_ids(std::string const& prompt, token_text const& text) {
+  std::vector<std::int32_t> ids;
+  if (text.encode) {
+    for (char c : prompt)
+      ids.push_back(text.encode(c));
+    return ids;
+  }
+  char const* p = prompt.c_str();
+  for (char* end = nullptr;; p = end) {
+    long const id = std::strtol(p, &end, 10);
+    if (end == p)
+      break;
+    ids.push_back(static_cast<std::int32_t>(id));
+    while (*end == ',' || *end == ' ')
+      ++end;
+  }
+  return ids;
+}
+
+// Continues `context` by o.generate tokens: each a forward of the last o.seq tokens through
+// trainer.predict (collective: every rank calls it, with the same context, and gets the
+// same next token). Greedy asks for the top (padding + 1) classes and takes the best real
+// one (a class the tp padding added is never a token); a temperature asks for the logits of
+// the last position and samples the real classes.
+template <class Trainer>
+std::vector<std::int32_t> generate(Trainer& trainer, options const& o, std::size_t real_vocab,
+                                   std::size_t vocab, std::vector<std::int32_t> context) {
+  std::mt19937_64 rng(o.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<std::int32_t> window(o.seq), targets(o.seq, 0), out;
+  std::vector<double> p(real_vocab);
+  for (std::size_t i = 0; i < o.generate; ++i) {
+    std::size_t const len = std::min(context.size(), o.seq);
+    std::fill(window.begin(), window.end(), 0); // after the last position: causal, unread
+    std::copy(context.end() - static_cast<std::ptrdiff_t>(len), context.end(), window.begin());
+    st::data::token_batch const b{
+        .sequences = 1, .seq = o.seq, .tokens = window, .targets = targets};
+    std::size_t const row = len - 1;
+    std::int32_t next = 0;
+    if (o.temperature > 0) {
+      auto const pred = trainer.predict(b, {.logits = true});
+      auto const z = pred.logits_of(row);
+      double const top = *std::max_element(z.begin(), z.begin() + real_vocab);
+      double sum = 0;
+      for (std::size_t j = 0; j < real_vocab; ++j)
+        sum += p[j] = std::exp((z[j] - top) / o.temperature);
+      double u = uniform(rng) * sum;
+      next = static_cast<std::int32_t>(real_vocab - 1);
+      for (std::size_t j = 0; j < real_vocab; ++j)
+        if ((u -= p[j]) < 0) {
+          next = static_cast<std::int32_t>(j);
+          break;
+        }
+    } else {
+      auto const pred = trainer.predict(b, {.top_k = vocab - real_vocab + 1});
+      for (std::int32_t id : pred.top_ids_of(row))
+        if (static_cast<std::size_t>(id) < real_vocab) {
+          next = id;
+          break;
+        }
+    }
+    context.push_back(next);
+    out.push_back(next);
+  }
+  return out;
+}
+
+// The tokens as text, or as ids.
+std::string show(std::vector<std::int32_t> const& ids, token_text const& text) {
+  std::string s;
+  for (std::int32_t id : ids)
+    s += text.decode ? std::string(1, text.decode(id)) : std::to_string(id) + " ";
+  return s;
+}
+
 // One rank's run; every rank runs it, rank 0 prints and writes the files. Returns the exit
 // code.
 template <class Precision, class C>
@@ -320,6 +421,23 @@ int train(C& world, options const& o) {
     }
   }
   double const final_loss = validate();
+  if (o.generate) {
+    token_text const codec{[&](char c) { return text.encode(c); },
+                           [&](std::int32_t id) { return text.decode(id); }};
+    std::vector<std::int32_t> prompt = prompt_ids(o.prompt, codec);
+    if (o.prompt.empty()) {
+      auto const& ids = val_set.tokens();
+      prompt.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(
+                                                   std::min<std::size_t>(32, ids.size())));
+    }
+    auto const tokens = generate(trainer, o, text.vocab(), vocab, prompt);
+    char how[64] = "greedy";
+    if (o.temperature > 0)
+      std::snprintf(how, sizeof how, "temperature %g", o.temperature);
+    if (lead)
+      std::printf("generated (%s, %zu tokens):\n%s%s\n", how, tokens.size(),
+                  show(prompt, codec).c_str(), show(tokens, codec).c_str());
+  }
   if (!lead)
     return 0;
   std::printf("final: validation loss %.4f nats, unigram entropy %.4f nats (%+.4f)\n", final_loss,
