@@ -5,6 +5,8 @@
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/models/gpt.hpp>
+#include <strata/nn/cross_entropy.hpp>
+#include <strata/nn/linear.hpp>
 #include <strata/optim/sgd.hpp>
 #include <strata/train/trainer.hpp>
 
@@ -170,7 +172,48 @@ void check_predict(st::comm::mesh_shape shape) {
   REQUIRE(failures.empty());
 }
 
+// A loss of the user's own (a softmax cross-entropy behind another type): predict cannot know
+// its input is logits.
+struct predict_own_loss {
+  using value_type = float;
+  using compute_type = float;
+  using inner_type = st::nn::softmax_cross_entropy<float>;
+  using saved_type = inner_type::saved_type;
+  inner_type inner{"own_loss", 5};
+  std::string const& name() const noexcept { return inner.name(); }
+  std::size_t in_features() const noexcept { return inner.in_features(); }
+  template <class F>
+  void for_each_parameter(F&&) {}
+  float forward(st::nn::layer_context const& c, st::tensor_view<float const> z,
+                st::tensor_view<std::int32_t const> t, saved_type& s) {
+    return inner.forward(c, z, t, s);
+  }
+  void backward(st::nn::layer_context const& c, st::tensor_view<float const> z,
+                st::tensor_view<std::int32_t const> t, saved_type const& s,
+                st::tensor_view<float> dz, float dloss) {
+    inner.backward(c, z, t, s, dz, dloss);
+  }
+};
+
+struct predict_own_loss_model {
+  using value_type = float;
+  void build(eng::model_builder<float>& b) const {
+    b.add(st::nn::linear<float>("fc", 3, 5));
+    b.loss(predict_own_loss{});
+  }
+};
+
 } // namespace
+
+TEST_CASE("predict refuses a model whose loss is not a softmax cross-entropy",
+          "[parallel][predict]") {
+  st::trainer<predict_own_loss_model> t(predict_own_loss_model{}, predict_sgd(),
+                                        predict_trainer_options());
+  st::test::feature_batch const b(4, 3, 5, st::test::seed());
+  REQUIRE_NOTHROW(t.evaluate(b.view(4)));
+  REQUIRE_THROWS_WITH(t.predict(b.view(4)), Catch::Matchers::Contains("\"own_loss\"") &&
+                                                Catch::Matchers::Contains("softmax_cross_entropy"));
+}
 
 TEST_CASE("predict on one rank: the top-k is the logits' best classes and the losses their "
           "negative log-softmax at the targets",
