@@ -9,7 +9,7 @@
 //                    [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] [--steps N]
 //                    [--batch B] [--seq T] [--layers L] [--features D] [--heads H] [--lr LR]
 //                    [--seed S] [--eval-every N] [--csv FILE] [--svg FILE]
-//                    [--expect-margin NATS]
+//                    [--expect-margin NATS] [--generate N] [--temperature T] [--prompt TEXT]
 //
 // --data takes a text file (character-level ids) or a token file: flat little-endian u16 or
 // u32 ids, mapped and read on demand. It is a token file when --data-dtype gives its width,
@@ -31,6 +31,12 @@
 // communication, a CSV of the metrics (--csv) and the loss curve as an SVG file (--svg). With
 // --expect-margin m it exits 1 unless the final validation loss is below the entropy minus m
 // nats.
+//
+// With --generate N, after training it continues --prompt (default: the first 32 tokens of the
+// validation text) by N tokens, one trainer.predict a token on the last --seq tokens: the
+// argmax (greedy) by default, or with --temperature T > 0 a sample from softmax(logits / T)
+// drawn by a generator seeded with --seed. It prints the prompt and its continuation as
+// text; for data without an alphabet (token files) as token ids.
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/data/loader.hpp>
@@ -53,8 +59,10 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <initializer_list>
 #include <limits>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +82,9 @@ struct options {
   std::string csv = "strata_train_gpt.csv", svg = "strata_train_gpt.svg";
   double lr = 5e-3, expect_margin = -1;
   std::uint64_t seed = 1234;
+  std::size_t generate = 0; // tokens to generate after training
+  double temperature = 0;   // 0: greedy
+  std::string prompt;       // empty: the start of the validation text
 };
 
 [[noreturn]] void usage(std::string const& why) {
@@ -85,7 +96,8 @@ struct options {
                "[--backend local|mpi] [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] "
                "[--steps N] [--batch B] [--seq T] "
                "[--layers L] [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N] "
-               "[--csv FILE] [--svg FILE] [--expect-margin NATS]\n",
+               "[--csv FILE] [--svg FILE] [--expect-margin NATS] [--generate N] "
+               "[--temperature T] [--prompt TEXT]\n",
                why.c_str());
   std::exit(2);
 }
@@ -160,7 +172,13 @@ options parse(int argc, char** argv) {
         o.recompute = one_of({"none", "full", "selective", "offload"});
       else
         o.recompute = v;
-    } else if (a == "--csv")
+    } else if (a == "--generate")
+      number(o.generate);
+    else if (a == "--temperature")
+      number(o.temperature);
+    else if (a == "--prompt")
+      o.prompt = v;
+    else if (a == "--csv")
       o.csv = v;
     else if (a == "--svg")
       o.svg = v;
@@ -326,6 +344,88 @@ training_data<st::data::text_dataset> text_data(options const& o) {
           std::numeric_limits<std::size_t>::max()};
 }
 
+// How generated tokens are read and shown: a character alphabet, or none (token ids).
+struct token_text {
+  std::function<std::int32_t(char)> encode; // empty: the prompt is token ids
+  std::function<char(std::int32_t)> decode;
+};
+
+// The prompt's ids: its characters through the alphabet, or (no alphabet) the ids it lists.
+std::vector<std::int32_t> prompt_ids(std::string const& prompt, token_text const& text) {
+  std::vector<std::int32_t> ids;
+  if (text.encode) {
+    for (char c : prompt)
+      ids.push_back(text.encode(c));
+    return ids;
+  }
+  char const* p = prompt.c_str();
+  for (char* end = nullptr;; p = end) {
+    long const id = std::strtol(p, &end, 10);
+    if (end == p)
+      break;
+    ids.push_back(static_cast<std::int32_t>(id));
+    while (*end == ',' || *end == ' ')
+      ++end;
+  }
+  return ids;
+}
+
+// Continues `context` by o.generate tokens: each a forward of the last o.seq tokens through
+// trainer.predict (collective: every rank calls it, with the same context, and gets the
+// same next token). Greedy asks for the top (padding + 1) classes and takes the best real
+// one (a class the tp padding added is never a token); a temperature asks for the logits of
+// the last position and samples the real classes.
+template <class Trainer>
+std::vector<std::int32_t> generate(Trainer& trainer, options const& o, std::size_t real_vocab,
+                                   std::size_t vocab, std::vector<std::int32_t> context) {
+  std::mt19937_64 rng(o.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<std::int32_t> window(o.seq), targets(o.seq, 0), out;
+  std::vector<double> p(real_vocab);
+  for (std::size_t i = 0; i < o.generate; ++i) {
+    std::size_t const len = std::min(context.size(), o.seq);
+    std::fill(window.begin(), window.end(), 0); // after the last position: causal, unread
+    std::copy(context.end() - static_cast<std::ptrdiff_t>(len), context.end(), window.begin());
+    st::data::token_batch const b{
+        .sequences = 1, .seq = o.seq, .tokens = window, .targets = targets};
+    std::size_t const row = len - 1;
+    std::int32_t next = 0;
+    if (o.temperature > 0) {
+      auto const pred = trainer.predict(b, {.logits = true});
+      auto const z = pred.logits_of(row);
+      double const top = *std::max_element(z.begin(), z.begin() + real_vocab);
+      double sum = 0;
+      for (std::size_t j = 0; j < real_vocab; ++j)
+        sum += p[j] = std::exp((z[j] - top) / o.temperature);
+      double u = uniform(rng) * sum;
+      next = static_cast<std::int32_t>(real_vocab - 1);
+      for (std::size_t j = 0; j < real_vocab; ++j)
+        if ((u -= p[j]) < 0) {
+          next = static_cast<std::int32_t>(j);
+          break;
+        }
+    } else {
+      auto const pred = trainer.predict(b, {.top_k = vocab - real_vocab + 1});
+      for (std::int32_t id : pred.top_ids_of(row))
+        if (static_cast<std::size_t>(id) < real_vocab) {
+          next = id;
+          break;
+        }
+    }
+    context.push_back(next);
+    out.push_back(next);
+  }
+  return out;
+}
+
+// The tokens as text, or as ids.
+std::string show(std::vector<std::int32_t> const& ids, token_text const& text) {
+  std::string s;
+  for (std::int32_t id : ids)
+    s += text.decode ? std::string(1, text.decode(id)) : std::to_string(id) + " ";
+  return s;
+}
+
 // One rank's run; every rank runs it, rank 0 prints and writes the files. Returns the exit
 // code.
 template <class Precision, class C, class Dataset>
@@ -403,6 +503,26 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
     }
   }
   double const final_loss = validate();
+  if (o.generate) {
+    token_text codec{}; // a text file's alphabet; a token file's ids as numbers
+    if constexpr (requires { val_set.decode(0); })
+      codec = {[&](char c) { return val_set.encode(c); },
+               [&](std::int32_t id) { return val_set.decode(id); }};
+    std::vector<std::int32_t> prompt = prompt_ids(o.prompt, codec);
+    if (o.prompt.empty()) { // the first tokens of the validation data
+      std::vector<std::int32_t> ids(o.seq), next(o.seq);
+      val_set.read(0, ids, next);
+      prompt.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(
+                                                   std::min<std::size_t>(32, ids.size())));
+    }
+    auto const tokens = generate(trainer, o, data.vocab, vocab, prompt);
+    char how[64] = "greedy";
+    if (o.temperature > 0)
+      std::snprintf(how, sizeof how, "temperature %g", o.temperature);
+    if (lead)
+      std::printf("generated (%s, %zu tokens):\n%s%s\n", how, tokens.size(),
+                  show(prompt, codec).c_str(), show(tokens, codec).c_str());
+  }
   if (!lead)
     return 0;
   std::printf("final: validation loss %.4f nats, unigram entropy %.4f nats (%+.4f)\n", final_loss,

@@ -4,6 +4,7 @@
 #include <strata/core/error.hpp>
 #include <strata/core/tensor.hpp>
 #include <strata/nn/context.hpp>
+#include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/layer.hpp>
 #include <strata/nn/parameter.hpp>
 
@@ -25,6 +26,15 @@ namespace strata::engine {
 /// layers map activations to activations, the loss maps the last activations and the
 /// targets to a number.
 enum class node_kind : std::uint8_t { input, hidden, loss };
+
+/// A softmax cross-entropy loss's classes: all of them, and this rank's columns of its input
+/// (the logits), [first, first + local) of the vocabulary (split over tp by the vocab-parallel
+/// loss). total = 0: the loss is another kind.
+struct loss_classes {
+  std::size_t total = 0;
+  std::size_t first = 0;
+  std::size_t local = 0;
+};
 
 /// What forward keeps for backward, one per micro-batch in flight: a layer's saved_type
 /// behind a virtual destructor.
@@ -90,6 +100,10 @@ public:
                              saved_base const&, tensor_view<T>, double) {
     wrong("loss backward");
   }
+
+  /// Loss: its classes when it is a softmax cross-entropy (nn::softmax_cross_entropy, plain or
+  /// vocab-parallel), whose input is the logits; {} otherwise.
+  virtual loss_classes classes() const noexcept { return {}; }
 
   /// The parameters' element count.
   std::size_t parameter_count() {
@@ -221,6 +235,13 @@ public:
       refuse_weights(mask, norm);
       return static_cast<double>(this->layer_.forward(c, logits, targets, unbox<L>(s)));
     }
+  }
+  loss_classes classes() const noexcept override {
+    if constexpr (nn::is_softmax_cross_entropy<L>::value)
+      return {this->layer_.full_in_features(), this->layer_.class_begin(),
+              this->layer_.local_in_features()};
+    else
+      return {};
   }
   void loss_backward(nn::layer_context const& c, tensor_view<T const> logits,
                      tensor_view<index_type const> targets, std::span<float const> mask,

@@ -166,6 +166,13 @@ public:
   /// (tests make one rank's gradient inf through it).
   void set_gradient_hook(std::function<void(state&)> f) { gradient_hook_ = std::move(f); }
 
+  /// Called by each loss operation with its micro-batch's logits (the loss node's input, this
+  /// rank's columns), before the loss: how trainer::predict reads what the model computes.
+  /// Empty (the default) during training; the caller clears it after its run.
+  void set_logits_observer(std::function<void(op const&, tensor_view<T const>)> f) {
+    logits_observer_ = std::move(f);
+  }
+
   // ---- setup -----------------------------------------------------------------------------
 
   /// Takes the builder's model_.nodes; `model_.chunks` says which model_.layers this rank runs.
@@ -431,6 +438,8 @@ public:
     auto logits = acts_.out_of(l, o.slot).view(rows, model_.layers[l].out);
     auto targets = ids_of(values_.batch.targets, o);
     auto ctx = context(o);
+    if (logits_observer_)
+      logits_observer_(o, logits);
     reductions_.add_loss(model_.loss->loss_forward(ctx, logits, targets, mask_of(o),
                                                    values_.loss_norm(), *loss_saved(o.slot)));
   }
@@ -584,6 +593,7 @@ private:
   execution_context<Device> context_;
   std::unique_ptr<optimizer_slot<master_type>> optimizer_;
   std::function<void(state&)> gradient_hook_;
+  std::function<void(op const&, tensor_view<T const>)> logits_observer_;
   mutable nn::shared_scratch scratch_; // what the rank's layers share (layer_context::scratch)
 };
 

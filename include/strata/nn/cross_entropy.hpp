@@ -34,6 +34,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace strata::nn {
 
@@ -310,6 +311,13 @@ private:
   detail::workspace<C> mall_;
   detail::workspace<C> red_;
 };
+
+/// Whether L is a softmax_cross_entropy (any element types and split): a loss whose input is
+/// the logits (what trainer::predict reads).
+template <class L>
+struct is_softmax_cross_entropy : std::false_type {};
+template <floating_element T, floating_element C, tp::vocab_split S>
+struct is_softmax_cross_entropy<softmax_cross_entropy<T, C, S>> : std::true_type {};
 
 /// The vocabulary split by its Megatron name.
 template <floating_element T, floating_element C = compute_t<T>>

@@ -27,6 +27,7 @@
 #include <strata/parallel/tp_check.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute_pass.hpp>
+#include <strata/train/predict.hpp>
 
 #include <algorithm>
 #include <any>
@@ -34,6 +35,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -300,6 +302,7 @@ private:
     for (auto const& e : entries) // and each option's axis is the mesh's
       if (!e.axis.empty())
         (void)mesh.axis_size(e.axis);
+    links_ = detail::predict_links<master_type>::of(mesh);
     pass_context<C> ctx;
     ctx.mesh = &mesh;
     ctx.plan.shape = shape;
@@ -395,30 +398,58 @@ public:
   /// training micro-batch size when the batch divides into them. Changes nothing.
   double evaluate(engine::batch_view<T> const& batch) {
     ledger_scope scope(*ledger_);
-    std::size_t m = 1;
-    std::size_t const mbs = state_.values().mb_sequences;
-    if (mbs && batch.sequences % mbs == 0)
-      m = batch.sequences / mbs;
-    if (eval_.ops.empty() || eval_.micro_batches != m) {
-      eval_ = build(m, false);
-      state_.make_slots(eval_);
+    return forward_only(batch);
+  }
+
+  /// What the model computes on a batch, forward only as evaluate() runs it (dropout off, the
+  /// same micro-batches): the logits (the loss's input), their top-k (values and class ids;
+  /// top_k = 1: the argmax) and the per-token losses, as the options ask, of the global batch
+  /// (each data-parallel rank gives its slice, as to step(); the rows come back in dp-rank
+  /// order). Under tensor parallel with a vocab-parallel loss each rank takes the top-k of its
+  /// columns and the ranks exchange k candidates a row: the vocabulary is gathered only for
+  /// the logits. Under a pipeline the last stage sends them. Every rank of the mesh must call
+  /// it with the same options (it is collective over the world); where says who receives
+  /// the predictions (the others get held = false). Allocates what it returns; changes
+  /// nothing that training reads. Throws config_error for a loss that is not a
+  /// softmax_cross_entropy, a top_k above the classes, or losses without targets.
+  predictions<master_type> predict(engine::batch_view<T> const& batch,
+                                   predict_options const& o = {.top_k = 1}) {
+    ledger_scope scope(*ledger_);
+    auto& model = state_.model();
+    engine::loss_classes const cls = model.loss->classes();
+    constexpr std::size_t id_limit = std::size_t{1}
+                                     << std::min(std::numeric_limits<master_type>::digits, 31);
+    detail::check_predict(o, cls, model.loss_name, !batch.targets.empty(), id_limit);
+    bool const holds = !model.chunks.empty() && model.chunks.back().has_loss;
+    std::size_t const rows = batch.rows();
+    engine::batch_view<T> b = batch;
+    std::vector<std::int32_t> no_targets;
+    if (b.targets.empty()) { // the loss runs on class 0; its value is not returned
+      no_targets.assign(rows, 0);
+      b.targets = no_targets;
     }
-    auto& red = state_.reductions();
-    state_.values().training = false;
-    double const saved_loss = red.loss_sum();
-    red.reset_loss();
-    try {
-      state_.set_batch(batch, m);
-      exec_.run(eval_, state_, passes_, eval_trace_);
-    } catch (...) {
-      state_.values().training = true;
-      red.loss()[0] = saved_loss;
-      throw;
-    }
-    double const loss = red.mean_loss(m);
-    state_.values().training = true;
-    red.loss()[0] = saved_loss;
-    return loss;
+    std::vector<master_type> local(holds ? rows * cls.local : 0);
+    state_.set_logits_observer([&](engine::op const& op, tensor_view<T const> z) {
+      std::size_t const mb = z.extent(0), first = op.micro_batch * mb;
+      for (std::size_t r = 0; r < mb; ++r)
+        for (std::size_t j = 0; j < cls.local; ++j)
+          local[(first + r) * cls.local + j] = element_cast<master_type>(z(r, j));
+    });
+    struct clear_observer {
+      engine::state<T, Device>& s;
+      ~clear_observer() { s.set_logits_observer({}); }
+    } clear{state_};
+    (void)forward_only(b);
+    std::size_t const width = (o.logits ? cls.total : 0) + 2 * o.top_k + (o.losses ? 1 : 0);
+    std::vector<master_type> rec;
+    if (holds)
+      rec = detail::predict_records(local, rows, cls, o, b.targets, state_.settings().tp, width);
+    rec = detail::move_records(std::move(rec), rows, width, o, links_);
+    return detail::unpack(rec, width, cls.total, o);
+  }
+  predictions<master_type> predict(data::token_batch const& b,
+                                   predict_options const& o = {.top_k = 1}) {
+    return predict(view_of(b), o);
   }
 
   /// f(parameter&) for each parameter this rank holds, in flat (backward) order.
@@ -600,6 +631,34 @@ private:
     trace_.reset(program_.ops.size());
   }
 
+  // The forward-only program on a batch (evaluate, predict): the mean loss. Changes nothing.
+  double forward_only(engine::batch_view<T> const& batch) {
+    std::size_t m = 1;
+    std::size_t const mbs = state_.values().mb_sequences;
+    if (mbs && batch.sequences % mbs == 0)
+      m = batch.sequences / mbs;
+    if (eval_.ops.empty() || eval_.micro_batches != m) {
+      eval_ = build(m, false);
+      state_.make_slots(eval_);
+    }
+    auto& red = state_.reductions();
+    state_.values().training = false;
+    double const saved_loss = red.loss_sum();
+    red.reset_loss();
+    try {
+      state_.set_batch(batch, m);
+      exec_.run(eval_, state_, passes_, eval_trace_);
+    } catch (...) {
+      state_.values().training = true;
+      red.loss()[0] = saved_loss;
+      throw;
+    }
+    double const loss = red.mean_loss(m);
+    state_.values().training = true;
+    red.loss()[0] = saved_loss;
+    return loss;
+  }
+
   static engine::batch_view<T> view_of(data::token_batch const& b) {
     return {b.sequences, b.seq, b.tokens, {}, b.targets};
   }
@@ -631,6 +690,7 @@ private:
   engine::program program_, eval_;
   engine::executor<T, Device> exec_;
   engine::trace trace_, eval_trace_;
+  detail::predict_links<master_type> links_; // one rank until bind() sets the mesh's groups
 };
 
 } // namespace strata
