@@ -1,16 +1,20 @@
-// Faults the parity harness must catch, one per strategy. A step is a program, so a test
-// injects a fault by rewriting it — a pass of its own, added to the plan's trainer only
-// (parity_options::fault, trainer::insert_pass) — with no hook in the library. Each test runs
-// the same plan without the fault first (it must pass: the failure is the fault's), then with
-// it, and checks which criterion caught it. SGD without clipping: Adam's update hides a
-// gradient scaled by a constant, and clipping hides a larger norm.
+// Faults the parity harness must catch, one per strategy, and a wrong dropout key under tensor
+// parallel. A step is a program, so a test injects a fault by rewriting it — a pass of its
+// own, added to the plan's trainer only (parity_options::fault, trainer::insert_pass) — with no
+// hook in the library (the dropout-key fault edits the rank's layers in the pass's setup).
+// Each test runs the same plan without the fault first (it must pass: the failure is the
+// fault's), then with it, and checks which criterion caught it. SGD without clipping: Adam's
+// update hides a gradient scaled by a constant, and clipping hides a larger norm.
 #include <strata/comm/mesh.hpp>
+#include <strata/engine/node.hpp>
 #include <strata/engine/op.hpp>
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/state.hpp>
 #include <strata/models/gpt.hpp>
+#include <strata/nn/attention.hpp>
 #include <strata/nn/context.hpp>
+#include <strata/nn/transformer_block.hpp>
 #include <strata/train/trainer.hpp>
 
 #include "../support/parity.hpp"
@@ -282,6 +286,40 @@ public:
   }
 };
 
+// (7) Tensor parallel: attention's dropout on its probabilities keyed by the local head index
+// instead of the logical one, so that head h of every tp rank draws rank 0's head h's mask.
+// setup() replaces the attention core of each block this rank holds by one of the same shape,
+// name and probability whose first head is 0 (the layers are the nodes' own: nothing in the
+// library changes).
+template <class T>
+class local_head_dropout_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override {
+    return "fault: attention dropout keyed by the local head";
+  }
+
+  void setup(eng::state<T>& s) override {
+    using block_node = eng::detail::hidden_node<st::nn::transformer_block<T>, T>;
+    std::size_t blocks = 0, rekeyed = 0;
+    for (auto& n : s.model().nodes) {
+      auto* b = dynamic_cast<block_node*>(n.get());
+      if (b == nullptr)
+        continue;
+      ++blocks;
+      auto& attn = b->layer().attn();
+      auto o = attn.core().options();
+      if (o.dropout == 0 || o.first_head == 0) // tp rank 0: local and logical indices agree
+        continue;
+      o.first_head = 0;
+      attn.core() = st::nn::attention_core<T>(attn.local_features(), attn.local_heads(), o);
+      ++rekeyed;
+    }
+    bool const first_rank = s.settings().tp == nullptr || s.settings().tp->rank == 0;
+    if (blocks == 0 || (!first_rank && rekeyed == 0))
+      not_applied(std::string(name()));
+  }
+};
+
 } // namespace
 
 TEST_CASE("the harness catches dp gradients summed instead of averaged",
@@ -350,4 +388,17 @@ TEST_CASE("the harness catches the sequence-parallel layer-norm reduction skippe
     check(caught<st::plan<st::data_parallel<>, st::tensor_parallel<>, st::micro_batches<2>>>(
         "sp reduction skipped (dp)", g, fault, {.dp = 2, .tp = 2}));
   }
+}
+
+TEST_CASE("the harness catches tp attention dropout keyed by the local head index",
+          "[parallel][faults][parity][tp]") {
+  auto g = gpt;
+  g.config.attn_dropout = 0.2;
+  auto const r = caught<st::plan<st::data_parallel<>, st::tensor_parallel<>>>(
+      "attention dropout keyed by the local head", g,
+      st::test::parity_fault::of<local_head_dropout_fault>(), {.dp = 2, .tp = 2});
+  // Rank 1's heads draw rank 0's heads' masks: their q, k, v rows and the output
+  // projection's columns get other gradients from the first backward on.
+  CHECK(r.grad > 1);
+  CHECK_THAT(r.message, Contains("attn.qkv.weight: first gradient differs"));
 }
