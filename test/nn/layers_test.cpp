@@ -17,6 +17,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -33,6 +34,8 @@ static_assert(nn::layer<nn::linear<float>>);
 static_assert(nn::layer<nn::linear<strata::bf16>>);
 static_assert(nn::layer<nn::relu<float>>);
 static_assert(nn::layer<nn::gelu<double>>);
+static_assert(nn::layer<nn::gelu_erf<float>>);
+static_assert(nn::layer<nn::activation<strata::bf16>>);
 static_assert(nn::layer<nn::dropout<float>>);
 static_assert(nn::layer<nn::layer_norm<double>>);
 static_assert(nn::layer<nn::causal_self_attention<float>>);
@@ -130,6 +133,29 @@ struct make_block {
     return {"blocks.0", {.features = 8, .heads = 2, .hidden = 12, .dropout = 0.25}};
   }
 };
+// Every dropout of the block on (residual and attention probabilities) and the exact GELU.
+template <class T, class C>
+struct make_block_all {
+  static nn::transformer_block<T, C> make() {
+    return {"blocks.0",
+            {.features = 8,
+             .heads = 2,
+             .hidden = 12,
+             .dropout = 0.25,
+             .attn_dropout = 0.3,
+             .activation = nn::activation_kind::gelu_erf}};
+  }
+};
+template <class T, class C>
+struct make_attn_drop {
+  static nn::causal_self_attention<T, C> make() { return {"attn", 8, 2, nullptr, {}, false, 0.3}; }
+};
+template <class T, class C>
+struct make_mlp_erf {
+  static nn::mlp<T, C> make() {
+    return {"blocks.0.mlp", 6, 10, {}, nullptr, false, nn::activation_kind::gelu_erf};
+  }
+};
 
 } // namespace
 
@@ -152,6 +178,173 @@ TEST_CASE("relu and gelu backward match central differences", "[nn][grad]") {
   require_gradients(r, ctx, 2.0);
   nn::gelu<double> g("gelu", 10);
   require_gradients(g, ctx, 3.0);
+  nn::gelu_erf<double> e("gelu_erf", 10);
+  require_gradients(e, ctx, 3.0);
+  for (auto k : {nn::activation_kind::gelu_tanh, nn::activation_kind::gelu_erf}) {
+    nn::activation<double> a("act", 10, k);
+    INFO(nn::name_of(k));
+    require_gradients(a, ctx, 3.0);
+  }
+}
+
+namespace {
+// x, 0.5 x (1 + erf(x / sqrt 2)) and its derivative Phi(x) + x phi(x), computed in Python
+// (math.erf, math.exp) from the formula.
+struct gelu_point {
+  double x, f, df;
+};
+constexpr gelu_point gelu_erf_points[] = {
+    {-4.0, -0.00012668496733247991, -0.00050364966122642149},
+    {-3.0, -0.0040496940948903104, -0.011945647204183918},
+    {-1.5, -0.10021080190328713, -0.12746919222997954},
+    {-1.0, -0.15865525393145707, -0.083315470587686291},
+    {-0.5, -0.15426876936299344, 0.13250487534383712},
+    {-0.125, -0.056282721896235885, 0.40078206430179342},
+    {0.0, 0, 0.5},
+    {0.25, 0.14967658142073093, 0.69537335488363605},
+    {0.5, 0.34573123063700656, 0.86749512465616285},
+    {1.0, 0.84134474606854293, 1.0833154705876864},
+    {1.75, 1.6798964754883201, 1.1109261510825781},
+    {3.0, 2.9959503059051098, 1.0119456472041839},
+    {5.0, 4.9999985667421409, 1.0000071469460019},
+};
+
+// The layer L (gelu_erf or activation(gelu_erf)) on the points, as one row: y and dx = y'
+// (dy = 1), widened to double.
+template <class T, class L>
+void run_points(L& l, std::vector<double>& y, std::vector<double>& dx) {
+  std::size_t const n = std::size(gelu_erf_points);
+  std::vector<T> xs(n), ys(n), ones(n, strata::element_cast<T>(1.0)), ds(n);
+  for (std::size_t i = 0; i < n; ++i)
+    xs[i] = strata::element_cast<T>(gelu_erf_points[i].x);
+  typename L::saved_type s;
+  nn::layer_context ctx;
+  l.forward(ctx, {xs.data(), {1, n}}, {ys.data(), {1, n}}, s);
+  l.backward(ctx, {xs.data(), {1, n}}, s, {ones.data(), {1, n}}, {ds.data(), {1, n}});
+  y.resize(n);
+  dx.resize(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    y[i] = strata::element_cast<double>(ys[i]);
+    dx[i] = strata::element_cast<double>(ds[i]);
+  }
+}
+} // namespace
+
+TEST_CASE("the exact gelu is 0.5 x (1 + erf(x / sqrt 2)) and its derivative Phi(x) + x phi(x)",
+          "[nn][gelu]") {
+  std::size_t const n = std::size(gelu_erf_points);
+  auto check = [&](std::vector<double> const& y, std::vector<double> const& dx, double tol) {
+    for (std::size_t i = 0; i < n; ++i) {
+      auto const& p = gelu_erf_points[i];
+      INFO("x = " << p.x);
+      CHECK(std::abs(y[i] - p.f) <= tol * std::max(1.0, std::abs(p.f)));
+      CHECK(std::abs(dx[i] - p.df) <= tol * std::max(1.0, std::abs(p.df)));
+    }
+  };
+  std::vector<double> y, dx;
+  nn::gelu_erf<double> e64("gelu", n);
+  run_points<double>(e64, y, dx);
+  check(y, dx, 4e-16);
+  nn::activation<double> a64("gelu", n, nn::activation_kind::gelu_erf);
+  std::vector<double> ya, dxa;
+  run_points<double>(a64, ya, dxa);
+  CHECK(ya == y); // the run-time choice is the layer, bit for bit
+  CHECK(dxa == dx);
+  nn::gelu_erf<float> e32("gelu", n);
+  run_points<float>(e32, y, dx);
+  check(y, dx, 5e-7);
+  nn::gelu_erf<strata::bf16> e16("gelu", n); // computes in float, rounds once
+  run_points<strata::bf16>(e16, y, dx);
+  check(y, dx, 1.0 / 128);
+
+  // Random x in [-6, 6] against the formula in long double.
+  std::vector<double> xr(4000), yr(xr.size()), dr(xr.size()), ones(xr.size(), 1.0);
+  randomize(std::span<double>(xr), "test.gelu_erf.x", -6, 6);
+  nn::gelu_erf<double>::saved_type s;
+  nn::layer_context ctx;
+  std::size_t const m = xr.size();
+  e64.forward(ctx, {xr.data(), {m / n, n}}, {yr.data(), {m / n, n}}, s);
+  e64.backward(ctx, {xr.data(), {m / n, n}}, s, {ones.data(), {m / n, n}}, {dr.data(), {m / n, n}});
+  double worst_f = 0, worst_df = 0;
+  for (std::size_t i = 0; i < (m / n) * n; ++i) {
+    long double const x = xr[i], z = x / std::sqrt(2.0L);
+    long double const f = 0.5L * x * (1.0L + std::erf(z));
+    long double const df = 0.5L * (1.0L + std::erf(z)) +
+                           x * std::exp(-0.5L * x * x) / std::sqrt(2.0L * 3.14159265358979323846L);
+    worst_f = std::max(worst_f, double(std::abs(yr[i] - f) / std::max(1.0L, std::abs(f))));
+    worst_df = std::max(worst_df, double(std::abs(dr[i] - df) / std::max(1.0L, std::abs(df))));
+  }
+  CHECK(worst_f < 1e-15);
+  CHECK(worst_df < 1e-15);
+  // f32 rows go 4 lanes at a time through their own erfc and exp (then one by one): the same
+  // bound from the same formula, and a lane and the scalar tail give the same bits.
+  std::vector<float> xf(xr.begin(), xr.end()), yf(xf.size()), df(xf.size()), onesf(xf.size(), 1.0f);
+  nn::gelu_erf<float> e32r("gelu", m);
+  nn::gelu_erf<float>::saved_type s32;
+  e32r.forward(ctx, {xf.data(), {1, m}}, {yf.data(), {1, m}}, s32);
+  e32r.backward(ctx, {xf.data(), {1, m}}, s32, {onesf.data(), {1, m}}, {df.data(), {1, m}});
+  worst_f = worst_df = 0;
+  for (std::size_t i = 0; i < m; ++i) {
+    long double const x = xf[i], z = x / std::sqrt(2.0L);
+    long double const f = 0.5L * x * (1.0L + std::erf(z));
+    long double const dfx = 0.5L * (1.0L + std::erf(z)) +
+                            x * std::exp(-0.5L * x * x) / std::sqrt(2.0L * 3.14159265358979323846L);
+    worst_f = std::max(worst_f, double(std::abs(yf[i] - f) / std::max(1.0L, std::abs(f))));
+    worst_df = std::max(worst_df, double(std::abs(df[i] - dfx) / std::max(1.0L, std::abs(dfx))));
+  }
+  CHECK(worst_f < 4e-7);
+  CHECK(worst_df < 5e-7);
+  std::vector<float> five{xf[0], xf[1], xf[2], xf[3], xf[0]}, y5(5), d5(5), ones5(5, 1.0f);
+  nn::gelu_erf<float> e5("gelu", 5);
+  e5.forward(ctx, {five.data(), {1, 5}}, {y5.data(), {1, 5}}, s32);
+  e5.backward(ctx, {five.data(), {1, 5}}, s32, {ones5.data(), {1, 5}}, {d5.data(), {1, 5}});
+  CHECK(y5[4] == y5[0]);
+  CHECK(d5[4] == d5[0]);
+
+  // Not the tanh form: they differ by up to 4.7e-4 (near |x| = 2.7), far above rounding.
+  nn::gelu<double> t64("gelu", n);
+  std::vector<double> yt, dxt;
+  run_points<double>(t64, yt, dxt);
+  run_points<double>(e64, y, dx);
+  double most = 0;
+  for (std::size_t i = 0; i < n; ++i)
+    most = std::max(most, std::abs(yt[i] - y[i]));
+  CHECK(most > 1e-4);
+}
+
+TEST_CASE("the run-time activation is the fixed layer of its kind, bit for bit", "[nn][gelu]") {
+  std::size_t const rows = 5, d = 13; // 13: f32 rows go 4 lanes at a time, then one by one
+  std::vector<float> x(rows * d), dy(x.size());
+  randomize(std::span<float>(x), "test.act.x", -4, 4);
+  randomize(std::span<float>(dy), "test.act.dy");
+  nn::layer_context ctx;
+  auto run = [&](auto& l, std::vector<float>& y, std::vector<float>& dx) {
+    y.assign(x.size(), 0);
+    dx.assign(x.size(), 0);
+    typename std::remove_reference_t<decltype(l)>::saved_type s;
+    l.forward(ctx, {x.data(), {rows, d}}, {y.data(), {rows, d}}, s);
+    l.backward(ctx, {x.data(), {rows, d}}, s, {dy.data(), {rows, d}}, {dx.data(), {rows, d}});
+  };
+  std::vector<float> y1, dx1, y2, dx2;
+  nn::gelu<float> gt("g", d);
+  nn::gelu_erf<float> ge("g", d);
+  nn::relu<float> gr("g", d);
+  nn::activation<float> at("g", d), ae("g", d, nn::activation_kind::gelu_erf),
+      ar("g", d, nn::activation_kind::relu);
+  CHECK(at.kind() == nn::activation_kind::gelu_tanh); // the default
+  run(gt, y1, dx1);
+  run(at, y2, dx2);
+  CHECK(y1 == y2);
+  CHECK(dx1 == dx2);
+  run(ge, y1, dx1);
+  run(ae, y2, dx2);
+  CHECK(y1 == y2);
+  CHECK(dx1 == dx2);
+  run(gr, y1, dx1);
+  run(ar, y2, dx2);
+  CHECK(y1 == y2);
+  CHECK(dx1 == dx2);
+  CHECK(std::string(nn::name_of(nn::activation_kind::gelu_erf)) == "gelu_erf");
 }
 
 TEST_CASE("layer_norm backward matches central differences", "[nn][grad]") {
@@ -199,32 +392,76 @@ TEST_CASE("dropout backward matches central differences and drops about p", "[nn
 }
 
 TEST_CASE("embedding backward matches central differences", "[nn][grad]") {
-  auto ctx = small_ctx(2, 5);
-  nn::embedding<double> e("embed", 11, 6, 4);
-  nn::test::randomize_parameters(e);
-  std::vector<std::int32_t> ids(ctx.rows());
-  for (std::size_t i = 0; i < ids.size(); ++i)
-    ids[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed(), i) % 11);
-  std::vector<double> y(ctx.rows() * 4), r(y.size());
-  randomize(std::span<double>(r), "test.embed.r");
-  nn::embedding<double>::saved_type s;
-  strata::tensor_view<std::int32_t const> iv(ids.data(), {ids.size()});
-  auto loss = [&] {
-    e.forward(ctx, iv, {y.data(), {ctx.rows(), 4}}, s);
-    double acc = 0;
-    for (std::size_t i = 0; i < y.size(); ++i)
-      acc += y[i] * r[i];
-    return acc;
-  };
-  loss();
-  e.backward(ctx, iv, s, {r.data(), {ctx.rows(), 4}});
-  e.for_each_parameter([&](auto& p) {
-    std::vector<double> g(p.grads().begin(), p.grads().end());
-    auto fd = nn::test::finite_difference(p.values(), loss);
-    INFO(p.name());
-    CHECK(nn::test::norm(fd) > 0);
-    CHECK(rel_error(g, fd) < fd_tolerance);
-  });
+  for (double drop_p : {0.0, 0.3}) {
+    INFO("dropout " << drop_p);
+    auto ctx = small_ctx(2, 5);
+    nn::embedding<double> e("embed", 11, 6, 4, drop_p);
+    CHECK(e.dropout_p() == drop_p);
+    nn::test::randomize_parameters(e);
+    std::vector<std::int32_t> ids(ctx.rows());
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      ids[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed(), i) % 11);
+    std::vector<double> y(ctx.rows() * 4), r(y.size());
+    randomize(std::span<double>(r), "test.embed.r");
+    nn::embedding<double>::saved_type s;
+    strata::tensor_view<std::int32_t const> iv(ids.data(), {ids.size()});
+    auto loss = [&] {
+      e.forward(ctx, iv, {y.data(), {ctx.rows(), 4}}, s);
+      double acc = 0;
+      for (std::size_t i = 0; i < y.size(); ++i)
+        acc += y[i] * r[i];
+      return acc;
+    };
+    loss();
+    e.backward(ctx, iv, s, {r.data(), {ctx.rows(), 4}});
+    e.for_each_parameter([&](auto& p) {
+      std::vector<double> g(p.grads().begin(), p.grads().end());
+      auto fd = nn::test::finite_difference(p.values(), loss);
+      INFO(p.name());
+      CHECK(nn::test::norm(fd) > 0);
+      CHECK(rel_error(g, fd) < fd_tolerance);
+    });
+  }
+}
+
+TEST_CASE("embedding dropout is nn::dropout \"<name>.drop\" on the lookup, keyed by rows",
+          "[nn][dropout]") {
+  auto ctx = small_ctx(3, 5);
+  ctx.first_row = 15;
+  std::size_t const rows = ctx.rows(), d = 6;
+  nn::embedding<double> plain("embed", 11, 8, d), dropped("embed", 11, 8, d, 0.25);
+  nn::init_parameters(plain, 5);
+  nn::init_parameters(dropped, 5);
+  std::vector<std::int32_t> ids(rows);
+  for (std::size_t i = 0; i < rows; ++i)
+    ids[i] = static_cast<std::int32_t>(strata::test::mix(strata::test::seed(), 300 + i) % 11);
+  strata::tensor_view<std::int32_t const> iv(ids.data(), {rows});
+  std::vector<double> y0(rows * d), want(rows * d), y(rows * d), dy(rows * d), dmask(rows * d);
+  nn::embedding<double>::saved_type s0, s;
+  plain.forward(ctx, iv, {y0.data(), {rows, d}}, s0);
+  nn::dropout<double> drop("embed.drop", d, 0.25);
+  nn::dropout<double>::saved_type sd;
+  drop.forward(ctx, {y0.data(), {rows, d}}, {want.data(), {rows, d}}, sd);
+  dropped.forward(ctx, iv, {y.data(), {rows, d}}, s);
+  CHECK(y == want);
+  CHECK(y != y0);
+  // Backward: the plain embedding's on dy through the mask.
+  randomize(std::span<double>(dy), "test.embed.drop.dy");
+  drop.backward(ctx, {y0.data(), {rows, d}}, sd, {dy.data(), {rows, d}}, {dmask.data(), {rows, d}});
+  nn::zero_grad(plain);
+  nn::zero_grad(dropped);
+  plain.backward(ctx, iv, s0, {dmask.data(), {rows, d}});
+  dropped.backward(ctx, iv, s, {dy.data(), {rows, d}});
+  CHECK(std::equal(plain.token_weight().grads().begin(), plain.token_weight().grads().end(),
+                   dropped.token_weight().grads().begin()));
+  CHECK(std::equal(plain.position_weight().grads().begin(), plain.position_weight().grads().end(),
+                   dropped.position_weight().grads().begin()));
+  // Evaluation: the plain lookup.
+  auto eval = ctx;
+  eval.training = false;
+  dropped.forward(eval, iv, {y.data(), {rows, d}}, s);
+  CHECK(y == y0);
+  CHECK_THROWS_AS(nn::embedding<double>("embed", 11, 8, d, 1.0), strata::config_error);
 }
 
 TEST_CASE("softmax_cross_entropy backward matches central differences", "[nn][grad]") {
@@ -339,6 +576,140 @@ TEST_CASE("causal self-attention backward matches central differences", "[nn][gr
   require_gradients(a, small_ctx(2, 5));
 }
 
+TEST_CASE("attention with dropout on its probabilities: backward matches central differences",
+          "[nn][grad]") {
+  auto ctx = small_ctx(2, 5);
+  nn::causal_self_attention<double> a("blocks.0.attn", 8, 2, nullptr, {}, false, 0.3);
+  CHECK(a.attn_dropout() == 0.3);
+  require_gradients(a, ctx);
+  nn::mlp<double> m("blocks.0.mlp", 6, 10, {}, nullptr, false, nn::activation_kind::gelu_erf);
+  CHECK(m.act_kind() == nn::activation_kind::gelu_erf);
+  require_gradients(m, small_ctx(2, 3));
+}
+
+namespace {
+// The attention core alone on random qkv: its output and saved state under ctx.
+template <class Core>
+std::vector<double> run_core(Core& core, nn::layer_context const& ctx,
+                             std::vector<double> const& qkv, typename Core::saved_type& s) {
+  std::size_t const rows = ctx.rows(), d = core.features();
+  std::vector<double> out(rows * d);
+  core.forward(ctx, {qkv.data(), {rows, 3 * d}}, {out.data(), {rows, d}}, s);
+  return out;
+}
+} // namespace
+
+TEST_CASE("attention-probability dropout: inverted, off in evaluation, keyed by the global row "
+          "and the logical head",
+          "[nn][dropout]") {
+  std::size_t const d = 16, heads = 4, hd = d / heads, B = 3, S = 7;
+  auto ctx = small_ctx(B, S);
+  ctx.first_row = 40;
+  std::vector<double> qkv(ctx.rows() * 3 * d);
+  randomize(std::span<double>(qkv), "test.core.qkv");
+  using core_t = nn::attention_core<double>;
+  core_t plain(d, heads);
+  core_t drop(d, heads, {.name = "blocks.0.attn.probs.drop", .dropout = 0.25});
+  CHECK(drop.options().logical_heads == heads);
+  core_t::saved_type sp, sd;
+  auto const y0 = run_core(plain, ctx, qkv, sp);
+  auto const y1 = run_core(drop, ctx, qkv, sd);
+  REQUIRE(sd.dropped);
+  CHECK(!sp.dropped);
+  CHECK(y1 != y0);
+  // The saved probabilities are the softmax's (before dropout); about p of them are dropped.
+  std::size_t kept = 0, causal = 0;
+  for (std::size_t r = 0; r < B * heads * S; ++r)
+    for (std::size_t j = 0; j <= r % S; ++j) {
+      CHECK(sd.probs.data()[r * S + j] == sp.probs.data()[r * S + j]);
+      kept += sd.mask.data()[r * S + j];
+      ++causal;
+    }
+  double const dropped = 1.0 - double(kept) / double(causal);
+  CHECK(dropped > 0.1);
+  CHECK(dropped < 0.4);
+  // Output = sum_j keep_ij P_ij / (1 - p) v_j, from the saved probabilities and mask.
+  double err = 0;
+  for (std::size_t b = 0; b < B; ++b)
+    for (std::size_t h = 0; h < heads; ++h)
+      for (std::size_t i = 0; i < S; ++i)
+        for (std::size_t c = 0; c < hd; ++c) {
+          double acc = 0;
+          std::size_t const r = (b * heads + h) * S + i;
+          for (std::size_t j = 0; j <= i; ++j)
+            acc += sd.mask.data()[r * S + j] * sd.probs.data()[r * S + j] / 0.75 *
+                   qkv[(b * S + j) * 3 * d + 2 * d + h * hd + c];
+          err = std::max(err, std::abs(acc - y1[(b * S + i) * d + h * hd + c]));
+        }
+  CHECK(err < 1e-14);
+  // Evaluation: no dropout, the plain core bit for bit.
+  auto eval = ctx;
+  eval.training = false;
+  core_t::saved_type se;
+  CHECK(run_core(drop, eval, qkv, se) == y0);
+  CHECK(!se.dropped);
+  // Another step draws another mask; a re-run of the same step the same one.
+  auto next = ctx;
+  next.step += 1;
+  core_t::saved_type sn, sr;
+  CHECK(run_core(drop, next, qkv, sn) != y1);
+  auto again = ctx;
+  again.recompute = true;
+  CHECK(run_core(drop, again, qkv, sr) == y1);
+
+  // Sequences 0 | 1..2 run apart (first_row 40 and 40 + S: two micro-batches, or two data-
+  // parallel ranks) give the rows of the three at once.
+  auto c1 = ctx, c2 = ctx;
+  c1.batch = 1;
+  c2.batch = 2;
+  c2.first_row = ctx.first_row + S;
+  std::vector<double> q1(qkv.begin(), qkv.begin() + static_cast<std::ptrdiff_t>(S * 3 * d)),
+      q2(qkv.begin() + static_cast<std::ptrdiff_t>(S * 3 * d), qkv.end());
+  core_t::saved_type s1, s2;
+  auto parts = run_core(drop, c1, q1, s1);
+  auto const tail = run_core(drop, c2, q2, s2);
+  parts.insert(parts.end(), tail.begin(), tail.end());
+  CHECK(parts == y1);
+
+  // Heads 2..3 alone (what tp rank 1 of 2 holds) keyed by their logical index draw the
+  // whole core's masks for them; keyed by their local index (0..1) they do not.
+  auto heads_of = [&](std::size_t first) { // heads [first, first + 2)'s columns of q | k | v
+    std::vector<double> out(ctx.rows() * 3 * (d / 2));
+    for (std::size_t r = 0; r < ctx.rows(); ++r)
+      for (std::size_t part = 0; part < 3; ++part)
+        for (std::size_t c = 0; c < d / 2; ++c)
+          out[(r * 3 + part) * (d / 2) + c] = qkv[r * 3 * d + part * d + first * hd + c];
+    return out;
+  };
+  auto const q23 = heads_of(2);
+  core_t right(d / 2, 2,
+               {.name = "blocks.0.attn.probs.drop",
+                .dropout = 0.25,
+                .first_head = 2,
+                .logical_heads = heads});
+  core_t wrong(d / 2, 2,
+               {.name = "blocks.0.attn.probs.drop",
+                .dropout = 0.25,
+                .first_head = 0,
+                .logical_heads = heads});
+  core_t::saved_type sr2, sw2;
+  auto const yr = run_core(right, ctx, q23, sr2);
+  auto const yw = run_core(wrong, ctx, q23, sw2);
+  std::size_t same = 0, differ = 0;
+  for (std::size_t r = 0; r < ctx.rows(); ++r)
+    for (std::size_t c = 0; c < d / 2; ++c) {
+      double const want = y1[r * d + 2 * hd + c];
+      same += yr[r * (d / 2) + c] == want ? 1 : 0;
+      differ += yw[r * (d / 2) + c] != want ? 1 : 0;
+    }
+  CHECK(same == ctx.rows() * (d / 2));
+  CHECK(differ > ctx.rows()); // most rows of the wrongly keyed heads differ
+  CHECK_THROWS_WITH(core_t(d / 2, 2, {.name = "a", .first_head = 3, .logical_heads = 4}),
+                    Catch::Matchers::Contains("heads [3, 5) of 4"));
+  CHECK_THROWS_WITH(core_t(d, heads, {.name = "a", .dropout = 1.0}),
+                    Catch::Matchers::Contains("p must be in [0, 1)"));
+}
+
 TEST_CASE("attention is causal: a later token does not change an earlier output", "[nn]") {
   auto ctx = small_ctx(1, 6);
   nn::causal_self_attention<double> a("attn", 8, 2);
@@ -360,21 +731,34 @@ TEST_CASE("the GPT block's backward matches central differences, dropout on", "[
   require_gradients(l, small_ctx(2, 4));
 }
 
+TEST_CASE("the GPT block's backward matches central differences, every dropout on, exact gelu",
+          "[nn][grad]") {
+  auto l = make_block_all<double, double>::make();
+  CHECK(l.attn().attn_dropout() == 0.3);
+  CHECK(l.ff().act_kind() == nn::activation_kind::gelu_erf);
+  require_gradients(l, small_ctx(2, 4));
+}
+
 TEST_CASE("float layers agree with double ones", "[nn][float]") {
   require_float_matches_double<make_linear>(small_ctx(3, 4));
   require_float_matches_double<make_ln>(small_ctx(3, 4));
   require_float_matches_double<make_attn>(small_ctx(2, 5));
   require_float_matches_double<make_block>(small_ctx(2, 5));
+  require_float_matches_double<make_attn_drop>(small_ctx(2, 5));
+  require_float_matches_double<make_mlp_erf>(small_ctx(3, 4));
+  require_float_matches_double<make_block_all>(small_ctx(2, 5));
 }
 
-TEST_CASE("re-running forward rebuilds output and saved state bit for bit", "[nn][recompute]") {
+namespace {
+template <template <class, class> class Make>
+void require_rerun_bitwise() {
   auto ctx = small_ctx(2, 6);
-  auto b = make_block<float, float>::make();
+  auto b = Make<float, float>::make();
   nn::test::randomize_parameters(b);
   std::size_t const rows = ctx.rows();
   std::vector<float> x(rows * 8), y1(x.size()), y2(x.size());
   randomize(std::span<float>(x), "test.recompute.x");
-  decltype(b)::saved_type s1, s2;
+  typename decltype(b)::saved_type s1, s2;
   b.forward(ctx, {x.data(), {rows, 8}}, {y1.data(), {rows, 8}}, s1);
   auto ctx2 = ctx;
   ctx2.recompute = true;
@@ -391,8 +775,18 @@ TEST_CASE("re-running forward rebuilds output and saved state bit for bit", "[nn
   CHECK(same(s1.drop2.mask, s2.drop2.mask, rows * 8));
   CHECK(same(s1.attn.qkv, s2.attn.qkv, rows * 24));
   CHECK(same(s1.attn.core.probs, s2.attn.core.probs, 2 * 2 * 6 * 6));
+  CHECK(s1.attn.core.dropped == s2.attn.core.dropped);
+  if (s1.attn.core.dropped)
+    CHECK(same(s1.attn.core.mask, s2.attn.core.mask, 2 * 2 * 6 * 6));
   CHECK(same(s1.ln1.stats, s2.ln1.stats, rows * 2));
   CHECK(same(s1.ff.g, s2.ff.g, rows * 12));
+}
+} // namespace
+
+TEST_CASE("re-running forward rebuilds output and saved state bit for bit", "[nn][recompute]") {
+  require_rerun_bitwise<make_block>();
+  // With the attention probabilities' dropout (its mask) and the exact gelu.
+  require_rerun_bitwise<make_block_all>();
 }
 
 TEST_CASE("backward accumulates parameter gradients over micro-batches", "[nn]") {
@@ -532,6 +926,19 @@ struct tiny_gpt_f64 {
     for (std::size_t i = 0; i < n; ++i)
       blocks.emplace_back("blocks." + std::to_string(i), nn::block_options{d, 2, 12, 0.2, n});
   }
+  /// Every dropout on (the embedding's output, the residual branches, the attention
+  /// probabilities) and the exact gelu.
+  tiny_gpt_f64(std::size_t n, double p) : embed{"embed", vocab, 4, d, p}, saved(n), acts(n + 1) {
+    for (std::size_t i = 0; i < n; ++i)
+      blocks.emplace_back("blocks." + std::to_string(i),
+                          nn::block_options{.features = d,
+                                            .heads = 2,
+                                            .hidden = 12,
+                                            .dropout = p,
+                                            .n_layers = n,
+                                            .attn_dropout = p,
+                                            .activation = nn::activation_kind::gelu_erf});
+  }
   auto layers() { return nn::sequence(embed, blocks, norm, head); }
 
   double forward(nn::layer_context const& ctx, std::vector<std::int32_t> const& ids,
@@ -572,9 +979,9 @@ struct tiny_gpt_f64 {
 };
 } // namespace
 
-TEST_CASE("a tiny GPT's gradients match central differences end to end", "[nn][grad]") {
+namespace {
+void require_tiny_gpt_gradients(tiny_gpt_f64& m) {
   auto ctx = small_ctx(2, 4);
-  tiny_gpt_f64 m(2);
   auto seq = m.layers();
   nn::test::randomize_parameters(seq);
   std::vector<std::int32_t> ids(ctx.rows()), targets(ctx.rows());
@@ -591,6 +998,19 @@ TEST_CASE("a tiny GPT's gradients match central differences end to end", "[nn][g
     CHECK(nn::test::norm(fd) > 0);
     CHECK(rel_error(g, fd) < fd_tolerance);
   });
+}
+} // namespace
+
+TEST_CASE("a tiny GPT's gradients match central differences end to end", "[nn][grad]") {
+  tiny_gpt_f64 m(2);
+  require_tiny_gpt_gradients(m);
+}
+
+TEST_CASE("a tiny GPT with every dropout and the exact gelu: gradients match central "
+          "differences",
+          "[nn][grad]") {
+  tiny_gpt_f64 m(2, 0.2);
+  require_tiny_gpt_gradients(m);
 }
 
 TEST_CASE("a 16-bit GEMM output rounds once, however deep the product", "[nn][gemm]") {

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -42,17 +43,33 @@ static_assert(std::same_as<nn::sequence_parallel_layer_norm<float>, nn::layer_no
 
 namespace {
 
-// Attention with its heads split; under sequence parallel x and y hold this rank's rows.
-void attention_case(int tp, bool sp) {
+/// A context of batch x seq rows whose dropout keys sit mid-step (row 0 is the global batch's
+/// row `first_row`).
+nn::layer_context keyed_ctx(std::size_t batch, std::size_t seq, std::uint64_t first_row) {
+  nn::layer_context base = batch_ctx(batch, seq);
+  base.step = 3;
+  base.first_row = first_row;
+  base.seed = strata::test::seed();
+  return base;
+}
+
+// Attention with its heads split; under sequence parallel x and y hold this rank's rows. With
+// dropout on the probabilities (p > 0), each rank's heads draw the masks the same heads draw
+// at tp = 1 (keyed by their logical index).
+void attention_case(int tp, bool sp, double p = 0.0) {
   std::size_t const d = 16, heads = 4;
-  on_ranks(tp, batch_ctx(2, sp ? 4 : 3),
+  on_ranks(tp, keyed_ctx(2, sp ? 4 : 3, 6),
            [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
              auto const t = static_cast<std::size_t>(tp);
              nn::init_rule const proj{nn::init_rule::kind::normal, 0.01};
-             nn::causal_self_attention<double> ref("blocks.3.attn", d, heads, nullptr, proj, sp);
-             nn::causal_self_attention<double> par("blocks.3.attn", d, heads, &g, proj, sp);
+             nn::causal_self_attention<double> ref("blocks.3.attn", d, heads, nullptr, proj, sp, p);
+             nn::causal_self_attention<double> par("blocks.3.attn", d, heads, &g, proj, sp, p);
              STRATA_CHECK(par.local_heads() == heads / t && par.local_features() == d / t);
              STRATA_CHECK(par.core().heads() == heads / t && par.core().features() == d / t);
+             STRATA_CHECK(par.core().options().first_head ==
+                          static_cast<std::size_t>(rank) * (heads / t));
+             STRATA_CHECK(par.core().options().logical_heads == heads);
+             STRATA_CHECK(par.attn_dropout() == p);
              auto qs = par.qkv_weight().shape();
              STRATA_CHECK(qs.size() == 3 && qs[0] == 3 && qs[1] == d / t && qs[2] == d);
              auto qf = par.qkv_weight().full_shape();
@@ -64,13 +81,16 @@ void attention_case(int tp, bool sp) {
              STRATA_CHECK(par.proj().output_row_split() == (sp ? tp : 1));
              nn::causal_self_attention<double> plain("blocks.3.attn", d, heads, &g);
              STRATA_CHECK(plain.input_row_split() == 1 && plain.output_row_split() == 1);
-             part const p = sp ? part::rows : part::whole;
-             split_parity(ops, tp, rank, ctx, ref, par, {p, p},
-                          std::string(sp ? "sp " : "") + "attn tp=" + std::to_string(tp) + " ");
+             part const pr = sp ? part::rows : part::whole;
+             split_parity(ops, tp, rank, ctx, ref, par, {pr, pr},
+                          std::string(sp ? "sp " : "") + "attn tp=" + std::to_string(tp) +
+                              " attn dropout " + std::to_string(p) + " ");
            });
 }
 
-nn::block_options block_options(double p, bool sp) {
+/// The block of the tests: p is every dropout's probability (residual and, when `all`, the
+/// attention probabilities'); `all` also takes the exact gelu.
+nn::block_options block_options(double p, bool sp, bool all = false) {
   nn::block_options o;
   o.features = 16;
   o.heads = 4;
@@ -78,23 +98,23 @@ nn::block_options block_options(double p, bool sp) {
   o.dropout = p;
   o.n_layers = 2;
   o.sequence_parallel = sp;
+  if (all) {
+    o.attn_dropout = p;
+    o.activation = nn::activation_kind::gelu_erf;
+  }
   return o;
 }
 
 /// A context of the whole micro-batch whose dropout keys sit mid-step (first_row 5 under
 /// sequence parallel).
 nn::layer_context block_ctx(bool sp) {
-  nn::layer_context base = batch_ctx(2, 4);
-  base.step = 3;
-  base.first_row = sp ? 5 : 0;
-  base.seed = strata::test::seed();
-  return base;
+  return keyed_ctx(2, 4, sp ? 5 : 0);
 }
 
 // The block: attention's heads and the MLP's hidden features split, layer norms replicated;
 // under sequence parallel its input and output hold this rank's rows.
-void block_case(int tp, double p, bool sp) {
-  nn::block_options const o = block_options(p, sp);
+void block_case(int tp, double p, bool sp, bool all = false) {
+  nn::block_options const o = block_options(p, sp, all);
   on_ranks(tp, block_ctx(sp),
            [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
              nn::transformer_block<double> ref("blocks.1", o), par("blocks.1", o, &g);
@@ -110,7 +130,7 @@ void block_case(int tp, double p, bool sp) {
              part const r = sp ? part::rows : part::whole;
              split_parity(ops, tp, rank, ctx, ref, par, {r, r},
                           std::string(sp ? "sp " : "") + "block tp=" + std::to_string(tp) +
-                              " dropout " + std::to_string(p) + " ");
+                              " dropout " + std::to_string(p) + (all ? " all" : "") + " ");
            });
 }
 
@@ -416,6 +436,22 @@ TEST_CASE("attention: tp = n equals tp = 1 on the gathered weights", "[tp]") {
     INFO("tp = " << tp);
     attention_case(tp, false);
   }
+}
+
+TEST_CASE("attention with dropout on its probabilities: tp = n draws tp = 1's masks", "[tp]") {
+  for (int tp : {1, 2, 4})
+    for (bool sp : {false, true}) {
+      INFO("tp = " << tp << ", sequence parallel " << sp);
+      attention_case(tp, sp, 0.3);
+    }
+}
+
+TEST_CASE("transformer block with every dropout and the exact gelu: tp = n equals tp = 1", "[tp]") {
+  for (int tp : {1, 2, 4})
+    for (bool sp : {false, true}) {
+      INFO("tp = " << tp << ", sequence parallel " << sp);
+      block_case(tp, 0.2, sp, true);
+    }
 }
 
 TEST_CASE("transformer block: tp = n equals tp = 1 on the gathered weights", "[tp]") {

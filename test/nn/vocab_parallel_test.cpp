@@ -46,6 +46,16 @@ static_assert(std::same_as<nn::vocab_parallel_cross_entropy<float>,
 
 namespace {
 
+/// A context of batch x seq rows whose dropout keys sit mid-step: row 0 is the global batch's
+/// row 7, at step 2.
+nn::layer_context mid_step_ctx(std::size_t batch, std::size_t seq) {
+  nn::layer_context base = batch_ctx(batch, seq);
+  base.first_row = 7;
+  base.step = 2;
+  base.seed = strata::test::seed();
+  return base;
+}
+
 template <class T>
 using vembedding = nn::embedding<T, T, nn::tp::vocab>;
 template <class T>
@@ -55,17 +65,19 @@ using vloss = nn::softmax_cross_entropy<T, T, nn::tp::vocab>;
 // its own rows [rows/tp, d] (reduce-scattered), with positions (rank * rows/tp + r) mod seq,
 // and backward takes those rows of dy. rows/tp is not a multiple of seq, so a rank's rows
 // start mid-sequence.
-void embedding_case(int tp, bool sp) {
+// With dropout on the output (p > 0), each rank draws its rows' part of tp = 1's mask.
+void embedding_case(int tp, bool sp, double p = 0.0) {
   std::size_t const batch = 3, seq = 4, rows = batch * seq, vocab = 16, max_seq = 6, d = 5;
-  on_ranks(tp, batch_ctx(batch, seq),
+  on_ranks(tp, mid_step_ctx(batch, seq),
            [&](nn::tp_ops& ops, nn::tp_group& g, nn::layer_context& ctx, int rank) {
-             std::string const tag =
-                 std::string(sp ? "sp " : "") + "embedding tp=" + std::to_string(tp) + " ";
+             std::string const tag = std::string(sp ? "sp " : "") +
+                                     "embedding tp=" + std::to_string(tp) + " dropout " +
+                                     std::to_string(p) + " ";
              std::size_t const lv = vocab / static_cast<std::size_t>(tp),
                                lr = sp ? rows / static_cast<std::size_t>(tp) : rows;
 
-             vembedding<double> ref("emb", vocab, max_seq, d, nullptr, sp);
-             vembedding<double> par("emb", vocab, max_seq, d, &g, sp);
+             vembedding<double> ref("emb", vocab, max_seq, d, nullptr, sp, p);
+             vembedding<double> par("emb", vocab, max_seq, d, &g, sp, p);
              STRATA_CHECK(par.vocab() == vocab && par.local_vocab() == lv);
              STRATA_CHECK(par.vocab_begin() == static_cast<std::size_t>(rank) * lv);
              STRATA_CHECK(par.out_features() == d);
@@ -92,15 +104,15 @@ void embedding_case(int tp, bool sp) {
              ref.forward(rctx, {ids.data(), {rows}}, {yref.data(), {rows, d}}, rs);
              ref.backward(rctx, {ids.data(), {rows}}, rs, {dy.data(), {rows, d}});
 
-             part const p = sp ? part::rows : part::whole;
-             vec const dyl = slice(dy, d, p, tp, rank);
+             part const pr = sp ? part::rows : part::whole;
+             vec const dyl = slice(dy, d, pr, tp, rank);
              vec y(lr * d);
              decltype(par)::saved_type ps;
              for (int rep = 0; rep < 2; ++rep) { // twice: the workspaces are reused
                nn::zero_grad(par);
                par.forward(ctx, {ids.data(), {rows}}, {y.data(), {lr, d}}, ps);
                par.backward(ctx, {ids.data(), {rows}}, ps, {dyl.data(), {lr, d}});
-               check_close(cspan(unslice(ops, tp, cspan(y), d, p)), cspan(yref), tag + "y", tp);
+               check_close(cspan(unslice(ops, tp, cspan(y), d, pr)), cspan(yref), tag + "y", tp);
                check_grads(ops, tp, rp, pp, tag);
              }
            });
@@ -213,6 +225,15 @@ TEST_CASE("sequence-parallel vocabulary-split embedding equals tp = 1 on every r
     INFO("tp = " << tp);
     embedding_case(tp, true);
   }
+}
+
+TEST_CASE("vocabulary-split embedding with dropout draws tp = 1's mask, sequence parallel or not",
+          "[tp][vocab][sp]") {
+  for (int tp : {1, 2, 4})
+    for (bool sp : {false, true}) {
+      INFO("tp = " << tp << ", sequence parallel " << sp);
+      embedding_case(tp, sp, 0.3);
+    }
 }
 
 TEST_CASE("vocabulary-split cross-entropy: tp = n equals tp = 1 on the gathered logits",

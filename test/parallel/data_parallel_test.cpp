@@ -73,6 +73,21 @@ TEMPLATE_TEST_CASE("data parallel trains like one rank (GPT)", "[parallel][ddp][
   drop.config.dropout = 0.2;
   st::test::require_ok(st::test::check_parity<ddp_acc2>(
       2, drop, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
+  // Every dropout GPT-2 has (the embedding's output, the attention probabilities, the
+  // residual branches) and the exact (erf) gelu: the embedding's and the attention's masks
+  // key on the global row too.
+  auto all = drop;
+  all.config.attn_dropout = 0.2;
+  all.config.embd_dropout = 0.2;
+  all.config.activation = st::nn::activation_kind::gelu_erf;
+  st::test::require_ok(st::test::check_parity<ddp_acc2>(
+      2, all, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .lr = 5e-2}));
+  st::test::require_ok(
+      st::test::check_parity<ddp>(4, all,
+                                  {.sequences = 8,
+                                   .seq = 8,
+                                   .optimizer = st::test::gpt_parity_optimizer<TestType>,
+                                   .clip = 0.1}));
 }
 
 TEST_CASE("a bucket's all-reduce starts during backward, once per step, on the last "

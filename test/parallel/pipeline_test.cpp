@@ -90,6 +90,16 @@ TEST_CASE("GPipe and 1F1B train like one rank (p = 2 and 4; m = 1, 4, 8)",
       st::test::check_parity<pp<st::one_f_one_b, 4>>(2, g, {.sequences = 4, .seq = 8}, {.pp = 2}));
   st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 8>>(
       4, g, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd}, {.pp = 4}));
+  // every dropout and the exact gelu: each stage's micro-batches draw one device's masks
+  auto all = g;
+  all.config.dropout = 0.1;
+  all.config.attn_dropout = 0.2;
+  all.config.embd_dropout = 0.2;
+  all.config.activation = st::nn::activation_kind::gelu_erf;
+  st::test::require_ok(
+      st::test::check_parity<pp<st::gpipe, 8>>(4, all, {.sequences = 8, .seq = 8}, {.pp = 4}));
+  st::test::require_ok(st::test::check_parity<pp<st::one_f_one_b, 4>>(
+      2, all, {.sequences = 4, .seq = 8}, {.pp = 2}));
   // fewer micro-batches than stages: torchtitan's deadlock case
   st::test::require_ok(
       st::test::check_parity<pp<st::one_f_one_b, 2>>(4, g, {.sequences = 2, .seq = 8}, {.pp = 4}));
@@ -174,9 +184,27 @@ TEST_CASE("tensor parallel inside pipeline stages trains like one rank (tp 2 x p
       4, sp, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, tp2_pp2));
   st::test::require_ok(st::test::check_parity<pp_tp<st::interleaved<2>, 4>>(
       4, sp, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1}, tp2_pp2));
+  // Every dropout (the embedding's output on stage 0, the attention probabilities keyed by
+  // the logical head) and the exact gelu; with sequence parallel and interleaved chunks.
+  auto all = drop;
+  all.config.attn_dropout = 0.2;
+  all.config.embd_dropout = 0.2;
+  all.config.activation = st::nn::activation_kind::gelu_erf;
+  st::test::require_ok(st::test::check_parity<pp_tp<st::one_f_one_b, 2>>(
+      4, all, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, tp2_pp2));
+  all.config.sequence_parallel = true;
+  st::test::require_ok(st::test::check_parity<pp_tp<st::interleaved<2>, 4>>(
+      4, all, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1}, tp2_pp2));
   // AdamW in f64.
   st::test::require_ok(st::test::check_parity<pp_tp<st::one_f_one_b, 4>>(
       4, gpt4_tp<double>(), {.sequences = 4, .seq = 8, .lr = 1e-2}, tp2_pp2));
+  auto all64 = gpt4_tp<double>();
+  all64.config.dropout = 0.1;
+  all64.config.attn_dropout = 0.2;
+  all64.config.embd_dropout = 0.2;
+  all64.config.activation = st::nn::activation_kind::gelu_erf;
+  st::test::require_ok(st::test::check_parity<pp_tp<st::one_f_one_b, 4>>(
+      4, all64, {.sequences = 4, .seq = 8, .lr = 1e-2}, tp2_pp2));
   // dp 2 x tp 2 x pp 2 on 8 ranks.
   st::test::require_ok(st::test::check_parity<dp_pp_tp<st::interleaved<2>, 2>>(
       8, g32, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2},

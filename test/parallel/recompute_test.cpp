@@ -10,6 +10,7 @@
 #include <strata/train/trainer.hpp>
 
 #include "../support/parity.hpp"
+#include "../support/require_parity.hpp"
 #include "../support/seed.hpp"
 #include "../support/training.hpp"
 
@@ -35,14 +36,22 @@ struct run_record {
   std::size_t offload_peak = 0; // the host pool (recompute::offload)
 };
 
-st::models::gpt_model<float> model(bool sp = false) {
-  return {{.vocab = 40,
-           .seq = 8,
-           .features = 16,
-           .heads = 4,
-           .layers = 3,
-           .dropout = 0.2,
-           .sequence_parallel = sp}};
+// all: every dropout (the embedding's output and the attention probabilities too, whose mask
+// selective recompute re-draws in backward) and the exact gelu.
+st::models::gpt_model<float> model(bool sp = false, bool all = false) {
+  st::models::gpt_model<float> g{{.vocab = 40,
+                                  .seq = 8,
+                                  .features = 16,
+                                  .heads = 4,
+                                  .layers = 3,
+                                  .dropout = 0.2,
+                                  .sequence_parallel = sp}};
+  if (all) {
+    g.config.attn_dropout = 0.2;
+    g.config.embd_dropout = 0.2;
+    g.config.activation = st::nn::activation_kind::gelu_erf;
+  }
+  return g;
 }
 
 // Trains `steps` steps of Plan on this rank's slice (data parallel: the dp rank's) of one
@@ -94,6 +103,23 @@ void require_same(run_record const& a, run_record const& b, std::string const& w
 TEST_CASE("every recompute policy trains bit for bit like none (one rank)",
           "[parallel][recompute]") {
   std::uint64_t const seed = st::test::seed();
+  {
+    // Every dropout and the exact gelu: the re-runs draw the same masks.
+    auto const all = model(false, true);
+    using none = st::plan<st::micro_batches<2>>;
+    auto const ref = train<none, void>(nullptr, all, seed);
+    require_same(
+        ref, train<st::plan<st::recompute::full, st::micro_batches<2>>, void>(nullptr, all, seed),
+        "full, every dropout");
+    require_same(
+        ref,
+        train<st::plan<st::recompute::selective, st::micro_batches<2>>, void>(nullptr, all, seed),
+        "selective, every dropout");
+    require_same(
+        ref,
+        train<st::plan<st::recompute::offload<>, st::micro_batches<2>>, void>(nullptr, all, seed),
+        "offload<full>, every dropout");
+  }
   auto const g = model();
   using none = st::plan<st::micro_batches<2>>;
   auto const ref = train<none, void>(nullptr, g, seed);
@@ -142,14 +168,14 @@ TEST_CASE("every recompute policy trains bit for bit like none (one rank)",
 TEST_CASE("recompute trains bit for bit like none under every strategy", "[parallel][recompute]") {
   std::uint64_t const seed = st::test::seed();
   auto check = [&]<class Plan, class PlanR>(std::string const& what, st::comm::mesh_shape shape,
-                                            bool sp, Plan*, PlanR*) {
+                                            bool sp, Plan*, PlanR*, bool all = false) {
     int const n = std::max(1, shape.dp) * std::max(1, shape.tp) * std::max(1, shape.pp);
     std::vector<run_record> a(static_cast<std::size_t>(n)), b(a.size());
     st::comm::local::run(n, [&](st::comm::local::communicator& world) {
       st::comm::mesh mesh(world, shape);
       auto const r = static_cast<std::size_t>(world.rank());
-      a[r] = train<Plan>(&mesh, model(sp), seed);
-      b[r] = train<PlanR>(&mesh, model(sp), seed);
+      a[r] = train<Plan>(&mesh, model(sp, all), seed);
+      b[r] = train<PlanR>(&mesh, model(sp, all), seed);
     });
     for (std::size_t r = 0; r < a.size(); ++r)
       require_same(a[r], b[r], what + ", rank " + std::to_string(r));
@@ -187,4 +213,28 @@ TEST_CASE("recompute trains bit for bit like none under every strategy", "[paral
   check("zero-3, offload", {.dp = 2}, false, (z3*)nullptr, (z3_o*)nullptr);
   using tp_o = st::plan<st::tensor_parallel<>, off>;
   check("tp 2, sequence parallel, offload", {.tp = 2}, true, (tp*)nullptr, (tp_o*)nullptr);
+  // Every dropout and the exact gelu.
+  check("data parallel, every dropout", {.dp = 2}, false, (ddp*)nullptr, (ddp_r*)nullptr, true);
+  check("tp 2, sequence parallel, every dropout", {.tp = 2}, true, (tp*)nullptr, (tp_r*)nullptr,
+        true);
+  check("tp 2, selective, every dropout", {.tp = 2}, false, (tp*)nullptr, (tp_s*)nullptr, true);
+  check("1f1b, selective, every dropout", {.pp = 2}, false, (pp*)nullptr, (pp_s*)nullptr, true);
+}
+
+TEST_CASE("recompute with every dropout and the exact gelu trains like one rank",
+          "[parallel][recompute][parity]") {
+  // The parity harness's criteria against one rank without recompute (f32, SGD): the re-run
+  // forwards, and selective recompute's re-created attention probabilities, draw the masks of
+  // the first run, which are one device's.
+  st::test::parity_options const o{
+      .sequences = 8, .seq = 8, .optimizer = st::test::parity_optimizer::sgd, .lr = 5e-2};
+  using ddp_r = st::plan<st::data_parallel<st::micro_batches<2>>, st::recompute::full>;
+  using tp_r = st::plan<st::tensor_parallel<>, st::recompute::full>;
+  using tp_s = st::plan<st::tensor_parallel<>, st::recompute::selective>;
+  using pp_s = st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>,
+                        st::recompute::selective>;
+  st::test::require_ok(st::test::check_parity<ddp_r>(2, model(false, true), o, {.dp = 2}));
+  st::test::require_ok(st::test::check_parity<tp_r>(2, model(true, true), o, {.tp = 2}));
+  st::test::require_ok(st::test::check_parity<tp_s>(2, model(false, true), o, {.tp = 2}));
+  st::test::require_ok(st::test::check_parity<pp_s>(2, model(false, true), o, {.pp = 2}));
 }

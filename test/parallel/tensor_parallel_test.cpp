@@ -95,6 +95,21 @@ TEMPLATE_TEST_CASE("the GPT, written once, trains like one rank for any tp",
   // dp 2 x tp 2 with dropout: each data-parallel rank draws its rows of one device's masks.
   st::test::require_ok(st::test::check_parity<dp_tp>(
       4, drop, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
+  // Every dropout (the embedding's output, the attention probabilities: each tp rank's heads
+  // draw the masks of their logical indices) and the exact gelu.
+  auto all = drop;
+  all.config.attn_dropout = 0.2;
+  all.config.embd_dropout = 0.2;
+  all.config.activation = st::nn::activation_kind::gelu_erf;
+  for (int n : {2, 4}) {
+    INFO("every dropout, tp " << n);
+    st::test::require_ok(st::test::check_parity<tp>(
+        n, all, {.sequences = 4, .seq = 8, .optimizer = st::test::gpt_parity_optimizer<TestType>},
+        {.tp = n}));
+  }
+  st::test::require_ok(st::test::check_parity<dp_tp>(
+      4, all, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1},
+      {.dp = 2, .tp = 2}));
 }
 
 // Token-weighted batches: the vocabulary-split loss weights its rows as one device does; dp 2
@@ -137,6 +152,17 @@ TEMPLATE_TEST_CASE("the GPT with sequence parallel trains like one rank",
       2, g, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.tp = 2}));
   st::test::require_ok(st::test::check_parity<dp_tp>(
       4, g, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
+  // Every dropout and the exact gelu: the embedding's mask on each rank's rows, attention's on
+  // each rank's heads of every row (it gathers them).
+  g.config.attn_dropout = 0.2;
+  g.config.embd_dropout = 0.2;
+  g.config.activation = st::nn::activation_kind::gelu_erf;
+  st::test::require_ok(st::test::check_parity<tp>(
+      2, g, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2, .clip = 0.1}, {.tp = 2}));
+  st::test::require_ok(st::test::check_parity<tp_acc>(
+      2, g, {.sequences = 4, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.tp = 2}));
+  st::test::require_ok(st::test::check_parity<dp_tp>(
+      4, g, {.sequences = 8, .seq = 8, .optimizer = sgd, .lr = 5e-2}, {.dp = 2, .tp = 2}));
 }
 
 TEMPLATE_TEST_CASE("tensor parallel with ZeRO 1, 2, 3 trains like one rank",
@@ -159,6 +185,11 @@ TEMPLATE_TEST_CASE("tensor parallel with ZeRO 1, 2, 3 trains like one rank",
   // With sequence parallel and dropout.
   g.config.sequence_parallel = true;
   g.config.dropout = 0.2;
+  st::test::require_ok(st::test::check_parity<z3>(4, g, o, {.dp = 2, .tp = 2}));
+  // And every dropout with the exact gelu.
+  g.config.attn_dropout = 0.2;
+  g.config.embd_dropout = 0.2;
+  g.config.activation = st::nn::activation_kind::gelu_erf;
   st::test::require_ok(st::test::check_parity<z3>(4, g, o, {.dp = 2, .tp = 2}));
 }
 

@@ -8,6 +8,7 @@
 
 #include <strata/core/element.hpp>
 #include <strata/engine/node.hpp>
+#include <strata/nn/activation.hpp>
 #include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/embedding.hpp>
 #include <strata/nn/layer_norm.hpp>
@@ -27,19 +28,31 @@ struct gpt_config {
   std::size_t features = 64; ///< d_model
   std::size_t heads = 4;
   std::size_t layers = 8; ///< transformer blocks
-  double dropout = 0.0;
+  double dropout = 0.0;   ///< residual dropout after attn.proj and mlp.proj (GPT-2's resid_pdrop)
   /// Megatron's sequence parallel under tp > 1: outside the tensor-parallel regions (the
   /// embedding's output, the blocks' layer norms, dropouts and residuals, the final norm) each
   /// rank holds 1/tp of the rows; the micro-batch's rows (sequences x seq) must divide by tp.
   bool sequence_parallel = false;
+  /// Dropout on the attention probabilities, after the softmax (GPT-2's attn_pdrop).
+  double attn_dropout = 0.0;
+  /// Dropout on the embedding's output, the token + position sum (GPT-2's embd_pdrop).
+  double embd_dropout = 0.0;
+  /// The MLP's activation: gelu_tanh (GPT-2's, the default) or gelu_erf (PyTorch's
+  /// nn.GELU(), as HF's "gelu" activation), or relu.
+  nn::activation_kind activation = nn::activation_kind::gelu_tanh;
 };
 
 /// Layers: "embed" (input), "blocks.0" ... "blocks.<L-1>", "norm", "head" (no bias); loss
-/// "loss". The head is not tied to the token embedding. Under a tp group of size n (the
-/// builder's tp()): the vocabulary, the heads and 4 x features divide by n (construction
-/// throws config_error naming the numbers otherwise); each rank holds 1/n of the token table,
-/// the head, qkv, attn.proj, mlp.fc and mlp.proj, and the logits' columns of its vocabulary
-/// slice, which the loss never gathers.
+/// "loss". The head is not tied to the token embedding. Dropouts, each keyed by its name, the
+/// seed, the step and the element's place in the step's global batch (so every layout draws
+/// one device's masks), all 0 by default: "embed.drop" on the embedding's output
+/// (embd_dropout); in each block "blocks.<i>.attn.probs.drop" on the attention probabilities
+/// (attn_dropout, keyed by the logical head), "blocks.<i>.attn.drop" and "blocks.<i>.mlp.drop"
+/// on the residual branches (dropout). Under a tp group of size n (the builder's tp()): the
+/// vocabulary, the heads and 4 x features divide by n (construction throws config_error naming
+/// the numbers otherwise); each rank holds 1/n of the token table, the head, qkv, attn.proj,
+/// mlp.fc and mlp.proj, and the logits' columns of its vocabulary slice, which the loss never
+/// gathers.
 template <class T>
 struct gpt_model {
   using value_type = T;
@@ -56,7 +69,8 @@ struct gpt_model {
     gpt_config const& c = config;
     nn::tp_group const* tp = b.tp();
     bool const sp = c.sequence_parallel;
-    b.input(nn::embedding<T, C, nn::tp::vocab>("embed", c.vocab, c.seq, c.features, tp, sp));
+    b.input(nn::embedding<T, C, nn::tp::vocab>("embed", c.vocab, c.seq, c.features, tp, sp,
+                                               c.embd_dropout));
     for (std::size_t i = 0; i < c.layers; ++i)
       b.add(nn::transformer_block<T>("blocks." + std::to_string(i),
                                      {.features = c.features,
@@ -64,7 +78,9 @@ struct gpt_model {
                                       .hidden = 4 * c.features,
                                       .dropout = c.dropout,
                                       .n_layers = c.layers,
-                                      .sequence_parallel = sp},
+                                      .sequence_parallel = sp,
+                                      .attn_dropout = c.attn_dropout,
+                                      .activation = c.activation},
                                      tp));
     b.add(nn::layer_norm<T>("norm", c.features, tp, sp));
     b.add(nn::linear<T, C, nn::tp::column>("head", c.features, c.vocab, tp,

@@ -18,8 +18,9 @@ namespace strata::models {
 /// off. It states those sizes as tp_dims, so trainer<static_gpt_model<...>,
 /// plan<tensor_parallel<degree<N>>, ...>> fails to compile, naming the size and the numbers,
 /// when one does not divide by N — where gpt_model<T> throws config_error at construction.
-/// Only config.dropout may be changed after construction: build() throws config_error when
-/// a size in config (or sequence_parallel) no longer matches the type's.
+/// Only config's dropouts (dropout, attn_dropout, embd_dropout) and activation may be changed
+/// after construction: build() throws config_error when a size in config (or
+/// sequence_parallel) no longer matches the type's.
 template <class T, std::size_t Vocab, std::size_t Seq, std::size_t Features, std::size_t Heads,
           std::size_t Layers, bool SequenceParallel = false>
 struct static_gpt_model : gpt_model<T> {

@@ -1,4 +1,5 @@
-// Element-wise activations: relu and gelu (the tanh approximation, as GPT-2).
+// Element-wise activations: relu, gelu in its tanh form (GPT-2's, the default) and its exact
+// (erf) form, and `activation`, the one of them chosen at run time (what the MLP holds).
 #pragma once
 
 #include <strata/core/element.hpp>
@@ -9,13 +10,58 @@
 #include <strata/nn/layer.hpp>
 
 #include <cmath>
+#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <type_traits>
 
 namespace strata::nn {
 
 namespace detail {
+// An op with row functions over f32 (f_row, df_row: SIMD).
+template <class Op>
+concept has_row_functions = requires(float const* a, float* b) {
+  Op::f_row(a, b, std::size_t{});
+};
+
+// Rows of f32 storage and compute go through the op's row functions when it has them.
+template <class T, class C, class Op>
+concept vectorised_op = std::same_as<T, float> && std::same_as<C, float> && has_row_functions<Op>;
+
+// y = Op::f(x) over `features` columns, in C.
+template <class T, class C, class Op>
+void elementwise_forward(tensor_view<T const> x, tensor_view<T> y, std::size_t features) {
+  std::size_t const rows = x.extent(0);
+  if constexpr (vectorised_op<T, C, Op>) {
+    for (std::size_t r = 0; r < rows; ++r)
+      Op::f_row(x.data() + r * x.stride(0), y.data() + r * y.stride(0), features);
+    return;
+  }
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < features; ++j)
+      y(r, j) = from_compute_value<T>(Op::f(to_compute_value<C>(x(r, j))));
+}
+
+// dx = Op::df(x) dy over `features` columns, in C; nothing when dx has no data.
+template <class T, class C, class Op>
+void elementwise_backward(tensor_view<T const> x, tensor_view<T const> dy, tensor_view<T> dx,
+                          std::size_t features) {
+  if (dx.data() == nullptr) // the input needs no gradient
+    return;
+  std::size_t const rows = x.extent(0);
+  if constexpr (vectorised_op<T, C, Op>) {
+    for (std::size_t r = 0; r < rows; ++r)
+      Op::df_row(x.data() + r * x.stride(0), dy.data() + r * dy.stride(0),
+                 dx.data() + r * dx.stride(0), features);
+    return;
+  }
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < features; ++j)
+      dx(r, j) = from_compute_value<T>(Op::df(to_compute_value<C>(x(r, j))) *
+                                       to_compute_value<C>(dy(r, j)));
+}
+
 // An element-wise layer over `features` columns: Op::f(x) and Op::df(x) in C. Saves nothing
 // (backward recomputes from x).
 template <floating_element T, floating_element C, class Op>
@@ -35,40 +81,14 @@ public:
   void for_each_parameter(F&&) {}
 
   void forward(layer_context const&, tensor_view<T const> x, tensor_view<T> y, saved_type&) {
-    std::size_t const rows = x.extent(0);
-    if constexpr (vectorised) {
-      for (std::size_t r = 0; r < rows; ++r)
-        Op::f_row(x.data() + r * x.stride(0), y.data() + r * y.stride(0), features_);
-      return;
-    }
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t j = 0; j < features_; ++j)
-        y(r, j) = from_compute_value<T>(Op::f(to_compute_value<C>(x(r, j))));
+    elementwise_forward<T, C, Op>(x, y, features_);
   }
   void backward(layer_context const&, tensor_view<T const> x, saved_type const&,
                 tensor_view<T const> dy, tensor_view<T> dx) {
-    if (dx.data() == nullptr) // the input needs no gradient
-      return;
-    std::size_t const rows = x.extent(0);
-    if constexpr (vectorised) {
-      for (std::size_t r = 0; r < rows; ++r)
-        Op::df_row(x.data() + r * x.stride(0), dy.data() + r * dy.stride(0),
-                   dx.data() + r * dx.stride(0), features_);
-      return;
-    }
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t j = 0; j < features_; ++j)
-        dx(r, j) = from_compute_value<T>(Op::df(to_compute_value<C>(x(r, j))) *
-                                         to_compute_value<C>(dy(r, j)));
+    elementwise_backward<T, C, Op>(x, dy, dx, features_);
   }
 
 private:
-  // Rows of f32 storage and compute go through the op's row functions (SIMD) when it has them.
-  static constexpr bool vectorised =
-      std::is_same_v<T, float> && std::is_same_v<C, float> && requires(float const* a, float* b) {
-    Op::f_row(a, b, std::size_t{});
-  };
-
   std::string name_;
   std::size_t features_;
 };
@@ -149,14 +169,174 @@ struct gelu_op {
         x, dy);
   }
 };
+
+// floor and 2^m (m an integer value in [-126, 127]) on the lanes, alike for a float and a
+// vector: the integer conversions truncate, and a lane above its argument steps down.
+using lanes_int = int __attribute__((vector_size(16)));
+inline float floor_lanes(float x) noexcept {
+  return std::floor(x);
+}
+inline strata::detail::simd<float>::type floor_lanes(strata::detail::simd<float>::type x) noexcept {
+  using V = strata::detail::simd<float>::type;
+  V const t = __builtin_convertvector(__builtin_convertvector(x, lanes_int), V);
+  return t > x ? t - 1.0f : t;
+}
+inline float pow2_lanes(float m) noexcept {
+  return __builtin_bit_cast(float, (static_cast<int>(m) + 127) << 23);
+}
+inline strata::detail::simd<float>::type pow2_lanes(strata::detail::simd<float>::type m) noexcept {
+  lanes_int const bits = (__builtin_convertvector(m, lanes_int) + 127) << 23;
+  return __builtin_bit_cast(strata::detail::simd<float>::type, bits);
+}
+
+// exp in f32 without a call for x <= 0 (what normal_cdf and gelu's derivative take): Cephes'
+// expf, as Eigen's pexp_float: x = m ln 2 + r (m = floor(x log2 e + 1/2), ln 2 in two parts), a
+// degree-5 polynomial for e^r, times 2^m from m's bits; x clamped to >= -87 (e^-87 ~ 1.6e-38
+// is still a normal float). Within 2 ulp of std::exp there.
+template <class V>
+inline V cephes_exp_nonpositive(V x) noexcept {
+  V const lo = x * 0 - 87.0f;
+  x = x < lo ? lo : x;
+  V const m = floor_lanes(x * 1.44269504088896341f + 0.5f);
+  V r = x - m * 0.693359375f;
+  r = r + m * 2.12194440e-4f;
+  V const r2 = r * r;
+  V y = r * 1.9875691500e-4f + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * r2 + r + 1.0f;
+  return y * pow2_lanes(m);
+}
+
+// Phi(x), the standard normal distribution function, in f32 without a call: Phi(x) =
+// erfc(-x / sqrt 2) / 2, with erfc(z) for z >= 0 as Abramowitz and Stegun 7.1.26, t (a1 + t
+// (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + 0.3275911 z), its error below 1.5e-7 (PyTorch's
+// vectorised CPU erf uses the same formula as 1 - erfc). Taken as erfc, the negative tail does
+// not cancel as 1 + erf(x / sqrt 2) would. x Phi(x) is within 2.2e-7 of the exact gelu,
+// relative to max(1, |gelu|), over [-20, 20] (std::erf in f32: 1.2e-7). V is float or a
+// 4-lane float vector.
+template <class V>
+inline V normal_cdf(V x) noexcept {
+  V const z = (x < 0 ? -x : x) * 0.70710678118654752440f;
+  V const t = 1.0f / (1.0f + 0.3275911f * z);
+  V p = t * 1.061405429f + -1.453152027f;
+  p = t * p + 1.421413741f;
+  p = t * p + -0.284496736f;
+  p = t * p + 0.254829592f;
+  V const half_erfc = 0.5f * t * p * cephes_exp_nonpositive(z * 0 - z * z);
+  return x < 0 ? half_erfc : 1.0f - half_erfc;
+}
+
+// gelu(x) = x Phi(x) = x/2 (1 + erf(x / sqrt 2)), the exact form (PyTorch's nn.GELU() default,
+// approximate='none'); gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi). In
+// f32 the rows go 4 lanes at a time with normal_cdf and cephes_exp_nonpositive; f64 and
+// 16-bit storage use std::erf and std::exp.
+template <class C>
+struct gelu_erf_op {
+  static constexpr C inv_sqrt2 = static_cast<C>(0.70710678118654752440);
+  static constexpr C inv_sqrt_2pi = static_cast<C>(0.39894228040143267794);
+  static C f(C x) noexcept { return C{0.5} * x * (C{1} + std::erf(x * inv_sqrt2)); }
+  static C df(C x) noexcept {
+    return C{0.5} * (C{1} + std::erf(x * inv_sqrt2)) + x * inv_sqrt_2pi * std::exp(C{-0.5} * x * x);
+  }
+
+  static void f_row(float const* x, float* y,
+                    std::size_t n) noexcept requires std::is_same_v<C, float> {
+    map_rows(
+        n, y, [](auto v, auto) { return v * normal_cdf(v); }, x);
+  }
+  static void df_row(float const* x, float const* dy, float* dx,
+                     std::size_t n) noexcept requires std::is_same_v<C, float> {
+    map_rows(
+        n, dx,
+        [](auto v, auto d) {
+          return (normal_cdf(v) + v * inv_sqrt_2pi * cephes_exp_nonpositive(-0.5f * v * v)) * d;
+        },
+        x, dy);
+  }
+};
 } // namespace detail
+
+/// The activation an MLP applies between its two projections.
+enum class activation_kind : std::uint8_t {
+  gelu_tanh, ///< GPT-2's tanh approximation (PyTorch nn.GELU(approximate='tanh')); the default
+  gelu_erf,  ///< the exact GELU, x Phi(x) with erf (PyTorch nn.GELU(), approximate='none')
+  relu,      ///< max(x, 0)
+};
+
+/// The kind's name as the docs write it: "gelu_tanh", "gelu_erf", "relu".
+constexpr char const* name_of(activation_kind k) noexcept {
+  switch (k) {
+  case activation_kind::gelu_erf:
+    return "gelu_erf";
+  case activation_kind::relu:
+    return "relu";
+  case activation_kind::gelu_tanh:
+    break;
+  }
+  return "gelu_tanh";
+}
 
 /// relu(x) = max(x, 0); its derivative at 0 is taken as 0.
 template <floating_element T, floating_element C = compute_t<T>>
 using relu = detail::elementwise<T, C, detail::relu_op<C>>;
 
-/// gelu with the tanh approximation (GPT-2's), not erf.
+/// gelu with the tanh approximation (GPT-2's, PyTorch's approximate='tanh'), not erf.
 template <floating_element T, floating_element C = compute_t<T>>
 using gelu = detail::elementwise<T, C, detail::gelu_op<C>>;
+
+/// The exact gelu, x/2 (1 + erf(x / sqrt 2)) (PyTorch's nn.GELU() default).
+template <floating_element T, floating_element C = compute_t<T>>
+using gelu_erf = detail::elementwise<T, C, detail::gelu_erf_op<C>>;
+
+/// The element-wise activation of a kind chosen at run time: each call runs the layer of
+/// that kind (gelu<T, C>, gelu_erf<T, C> or relu<T, C>), bit for bit; the kind is looked at
+/// once a call, not per element. Saves nothing (backward recomputes from x).
+template <floating_element T, floating_element C = compute_t<T>>
+class activation {
+public:
+  using value_type = T;
+  using compute_type = C;
+  struct saved_type {};
+
+  activation(std::string name, std::size_t features,
+             activation_kind kind = activation_kind::gelu_tanh)
+      : name_(std::move(name)), features_(features), kind_(kind) {}
+
+  std::string const& name() const noexcept { return name_; }
+  std::size_t in_features() const noexcept { return features_; }
+  std::size_t out_features() const noexcept { return features_; }
+  activation_kind kind() const noexcept { return kind_; }
+  template <class F>
+  void for_each_parameter(F&&) {}
+
+  void forward(layer_context const&, tensor_view<T const> x, tensor_view<T> y, saved_type&) {
+    dispatch([&]<class Op>(Op*) { detail::elementwise_forward<T, C, Op>(x, y, features_); });
+  }
+  void backward(layer_context const&, tensor_view<T const> x, saved_type const&,
+                tensor_view<T const> dy, tensor_view<T> dx) {
+    dispatch([&]<class Op>(Op*) { detail::elementwise_backward<T, C, Op>(x, dy, dx, features_); });
+  }
+
+private:
+  template <class F>
+  void dispatch(F&& f) const {
+    switch (kind_) {
+    case activation_kind::gelu_erf:
+      return f(static_cast<detail::gelu_erf_op<C>*>(nullptr));
+    case activation_kind::relu:
+      return f(static_cast<detail::relu_op<C>*>(nullptr));
+    case activation_kind::gelu_tanh:
+      break;
+    }
+    f(static_cast<detail::gelu_op<C>*>(nullptr));
+  }
+
+  std::string name_;
+  std::size_t features_;
+  activation_kind kind_;
+};
 
 } // namespace strata::nn

@@ -11,7 +11,9 @@
 //               local heads, the layout attention_core expects;
 //     backward: dW_local, db_local from dqkv_local; dx = dqkv_local W_local, then the one
 //               all-reduce-sum of dx over the group.
-//   the core      attention_core(F/tp, heads/tp) on the local heads, unchanged;
+//   the core      attention_core(F/tp, heads/tp) on the local heads, unchanged; its dropout
+//                 on the probabilities keys each head by its logical index (first head
+//                 rank x heads/tp), so head h draws on any rank what it draws on one device;
 //   "<name>.proj"  linear<T, C, tp::row>(F, F), input already split (the local heads'
 //                  outputs): all-reduce of the output forward, nothing backward.
 //
@@ -24,10 +26,12 @@
 
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
+#include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
+#include <strata/nn/dropout.hpp>
 #include <strata/nn/layer.hpp>
 #include <strata/nn/linear.hpp>
 #include <strata/nn/parameter.hpp>
@@ -35,16 +39,34 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 namespace strata::nn {
+
+/// What an attention core is besides its shape: its dropout on the probabilities (GPT-2's
+/// attn_pdrop) and where its heads sit among the logical layer's.
+struct attention_core_options {
+  std::string name{};            ///< the dropout's key name ("<attn>.probs.drop")
+  double dropout = 0.0;          ///< p on the probabilities, after the softmax; in [0, 1)
+  std::size_t first_head = 0;    ///< the logical index of this core's head 0 (tp rank x heads)
+  std::size_t logical_heads = 0; ///< the logical layer's heads (0: this core's own)
+};
 
 /// The attention core alone (what selective recompute re-runs): from qkv [rows, 3 d] (columns
 /// q | k | v, head h at columns h * d/heads of each, as GPT-2 splits them) to the heads'
 /// outputs concatenated, [rows, d]. Scores q.k / sqrt(d/heads), causal mask (token i sees
-/// j <= i of its own sequence), softmax in C with the row maximum subtracted. Saves the
-/// probabilities [batch, heads, seq, seq] in C.
+/// j <= i of its own sequence), softmax in C with the row maximum subtracted, then (training,
+/// p > 0) inverted dropout on the probabilities: probability (i, j) of logical head
+/// g = first_head + h is kept when
+///   uniform<float>(key_of(name, seed).with_stream(step), ((first_row + b seq + i) H + g) seq + j)
+/// >= p, H the logical heads: a function of the query row's place in the step's global batch,
+/// the logical head and the key position, so a re-run (full or selective recompute), data-
+/// parallel ranks, micro-batches, pipeline stages and the tp ranks that hold the heads each
+/// draw their part of one device's mask. Saves the probabilities [batch, heads, seq, seq] in C
+/// (before dropout) and the keep mask (a byte a probability) when dropout ran.
 template <floating_element T, floating_element C = compute_t<T>>
 class attention_core {
 public:
@@ -52,16 +74,29 @@ public:
   using compute_type = C;
   struct saved_type {
     detail::workspace<C> probs{memory_kind::activations};
+    detail::workspace<std::uint8_t> mask{memory_kind::activations};
+    bool dropped = false; // the forward drew a mask
   };
 
-  attention_core(std::size_t features, std::size_t heads) : d_(features), heads_(heads) {
+  attention_core(std::size_t features, std::size_t heads, attention_core_options o = {})
+      : d_(features), heads_(heads), o_(std::move(o)) {
     if (heads == 0 || features % heads != 0)
       throw config_error("strata: attention with " + std::to_string(features) + " features and " +
                          std::to_string(heads) + " heads: features must divide by heads");
+    if (o_.logical_heads == 0)
+      o_.logical_heads = heads;
+    if (o_.first_head + heads > o_.logical_heads)
+      throw config_error(
+          "strata: attention core \"" + o_.name + "\" with heads [" +
+          std::to_string(o_.first_head) + ", " + std::to_string(o_.first_head + heads) + ") of " +
+          std::to_string(o_.logical_heads) + ": its heads must lie among the logical layer's");
+    detail::check_dropout_p(o_.name, o_.dropout);
   }
 
   std::size_t features() const noexcept { return d_; }
   std::size_t heads() const noexcept { return heads_; }
+  attention_core_options const& options() const noexcept { return o_; }
+  double dropout() const noexcept { return o_.dropout; }
 
   void forward(layer_context const& ctx, tensor_view<T const> qkv, tensor_view<T> out,
                saved_type& s) {
@@ -71,6 +106,13 @@ public:
     C const scale = C{1} / std::sqrt(static_cast<C>(hd));
     C* probs = s.probs.get(B * H * S, S).data();
     std::size_t const lq = qkv.stride(0), lo = out.stride(0);
+    // Dropout: the kept probabilities scaled by 1 / (1 - p), row by row in pd.
+    bool const drop = s.dropped = ctx.training && o_.dropout > 0.0;
+    std::uint8_t* mask = drop ? s.mask.get(B * H * S, S).data() : nullptr;
+    C* pd = drop ? row_.get(1, S).data() : nullptr;
+    random_key const key = drop ? detail::dropout_key(o_.name, ctx) : random_key{};
+    C const keep_scale = static_cast<C>(1.0 / (1.0 - o_.dropout));
+    float const p_drop = static_cast<float>(o_.dropout);
     for (std::size_t b = 0; b < B; ++b)
       for (std::size_t h = 0; h < H; ++h) {
         T const* q = qkv.data() + b * S * lq + h * hd;
@@ -95,11 +137,21 @@ public:
             p[j] /= sum;
           for (std::size_t j = i + 1; j < S; ++j)
             p[j] = C{0};
+          C const* pv = p; // what multiplies v: the probabilities, or the dropped ones
+          if (drop) {
+            std::uint8_t* keep = mask + ((b * H + h) * S + i) * S;
+            detail::draw_keep_mask(keep, i + 1, key, mask_index(ctx, b, h, i), p_drop);
+            for (std::size_t j = i + 1; j < S; ++j) // masked out already: the saved state whole
+              keep[j] = 0;
+            for (std::size_t j = 0; j <= i; ++j)
+              pd[j] = keep[j] ? p[j] * keep_scale : C{0};
+            pv = pd;
+          }
           T* o = out.data() + (b * S + i) * lo + h * hd;
           for (std::size_t c = 0; c < hd; ++c) {
             C acc{0};
             for (std::size_t j = 0; j <= i; ++j)
-              acc += p[j] * to_compute_value<C>(v[j * lq + c]);
+              acc += pv[j] * to_compute_value<C>(v[j * lq + c]);
             o[c] = from_compute_value<T>(acc);
           }
         }
@@ -115,6 +167,8 @@ public:
     std::size_t const rows = B * S, lq = qkv.stride(0), lo = dout.stride(0);
     C const scale = C{1} / std::sqrt(static_cast<C>(hd));
     C const* probs = s.probs.data();
+    bool const drop = s.dropped;
+    C const keep_scale = static_cast<C>(1.0 / (1.0 - o_.dropout));
     C* g = grad_.get(rows, 3 * d_).data(); // dqkv in C
     for (std::size_t e = 0; e < rows * 3 * d_; ++e)
       g[e] = C{0};
@@ -129,17 +183,21 @@ public:
         C* gv = gq + 2 * d_;
         for (std::size_t i = 0; i < S; ++i) {
           C const* p = probs + ((b * H + h) * S + i) * S;
+          std::uint8_t const* keep = drop ? s.mask.data() + ((b * H + h) * S + i) * S : nullptr;
           T const* o = dout.data() + (b * S + i) * lo + h * hd;
           C dot_pdp{0};
           for (std::size_t j = 0; j <= i; ++j) {
+            // out_i = sum_j D_ij P_ij v_j with D = keep / (1 - p) (1 without dropout): dv_j
+            // takes D_ij P_ij dout_i and dP_ij = D_ij (dout_i . v_j).
+            C const pv = drop ? (keep[j] ? p[j] * keep_scale : C{0}) : p[j];
             C acc{0};
             for (std::size_t c = 0; c < hd; ++c) {
               C const oc = to_compute_value<C>(o[c]);
               acc += oc * to_compute_value<C>(v[j * lq + c]);
-              gv[j * 3 * d_ + c] += p[j] * oc;
+              gv[j * 3 * d_ + c] += pv * oc;
             }
-            dp[j] = acc;
-            dot_pdp += p[j] * acc;
+            dp[j] = drop ? (keep[j] ? acc * keep_scale : C{0}) : acc;
+            dot_pdp += p[j] * dp[j];
           }
           for (std::size_t j = 0; j <= i; ++j) {
             C const ds = p[j] * (dp[j] - dot_pdp) * scale;
@@ -156,7 +214,16 @@ public:
   }
 
 private:
+  // The dropout stream's index of probability (i, 0) of local head h in sequence b: keyed by
+  // the query row's global place and the logical head, never the local ones.
+  std::uint64_t mask_index(layer_context const& ctx, std::size_t b, std::size_t h,
+                           std::size_t i) const noexcept {
+    std::uint64_t const row = ctx.first_row + b * ctx.seq + i;
+    return (row * o_.logical_heads + o_.first_head + h) * ctx.seq;
+  }
+
   std::size_t d_, heads_;
+  attention_core_options o_;
   detail::workspace<C> grad_;
   detail::workspace<C> row_;
 };
@@ -167,11 +234,14 @@ private:
 /// (= [3F, F]); "<name>.qkv.bias", a shard [3, F/tp] of [3, F]; "<name>.proj.weight", a shard
 /// [F, F/tp] of [F, F]; "<name>.proj.bias" [F], replicated. Activations: x [rows, F] and
 /// y [rows, F], the same on every rank (with sequence_parallel, each rank's [rows/tp, F] slice
-/// of the rows). Saves qkv, the core's probabilities and the heads' output (proj's input);
-/// under selective recompute (layer_context::recompute_attention with a scratch) the
-/// probabilities live in the rank's shared scratch and backward re-creates them. Throws
-/// config_error at construction when features do not divide by heads, or heads (hence
-/// features) do not divide by tp, and at a call whose group is not the construction's.
+/// of the rows). attn_dropout > 0: dropout on the probabilities after the softmax (GPT-2's
+/// attn_pdrop; see attention_core), keyed "<name>.probs.drop" by the logical head. Saves qkv,
+/// the core's probabilities (and dropout mask) and the heads' output (proj's input); under
+/// selective recompute (layer_context::recompute_attention with a scratch) the probabilities
+/// and the mask live in the rank's shared scratch and backward re-creates them (the same
+/// mask). Throws config_error at construction when features do not divide by heads, heads
+/// (hence features) do not divide by tp, or attn_dropout is not in [0, 1), and at a call
+/// whose group is not the construction's.
 template <floating_element T, floating_element C = compute_t<T>>
 class causal_self_attention {
 public:
@@ -195,11 +265,16 @@ public:
   /// Heads split over the group tp (null: tp = 1).
   causal_self_attention(std::string name, std::size_t features, std::size_t heads,
                         tp_group const* tp, init_rule proj_init = {},
-                        bool sequence_parallel = false)
+                        bool sequence_parallel = false, double attn_dropout = 0.0)
       : name_(std::move(name)), d_(features), heads_(heads), tp_(tp_size_of(tp)),
         rank_(tp_rank_of(tp)), local_heads_(split_heads(name_, features, heads, tp_)),
         local_d_(detail::tp_split(features, tp_, name_, "features")),
-        split_(detail::sp_split(sequence_parallel, tp_)), core_(local_d_, local_heads_),
+        split_(detail::sp_split(sequence_parallel, tp_)),
+        core_(local_d_, local_heads_,
+              {.name = name_ + ".probs.drop",
+               .dropout = attn_dropout,
+               .first_head = static_cast<std::size_t>(rank_) * local_heads_,
+               .logical_heads = heads}),
         qkv_(name_ + ".qkv", features, 3 * features, tp,
              {.sequence_parallel = sequence_parallel, .groups = 3}),
         proj_(name_ + ".proj", features, features, tp,
@@ -220,6 +295,8 @@ public:
   /// tp under sequence parallel (x and y hold 1/tp of the rows), else 1.
   int input_row_split() const noexcept { return split_; }
   int output_row_split() const noexcept { return split_; }
+  /// The dropout probability on the attention probabilities.
+  double attn_dropout() const noexcept { return core_.dropout(); }
   attention_core<T, C>& core() noexcept { return core_; }
   qkv_type& qkv() noexcept { return qkv_; }
   parameter<T>& qkv_weight() noexcept { return qkv_.weight(); }

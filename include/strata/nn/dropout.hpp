@@ -1,9 +1,11 @@
 // dropout: counter-based masks keyed by (layer name, seed, step, the element's place in the
-// step's global batch).
+// step's global batch); the mask drawing the other dropouts share (attention's probabilities,
+// the embedding's output).
 #pragma once
 
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
+#include <strata/core/philox.hpp>
 #include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
 #include <strata/nn/context.hpp>
@@ -13,9 +15,39 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace strata::nn {
+
+namespace detail {
+
+/// config_error unless p is a dropout probability, in [0, 1); `who` names the dropout.
+inline void check_dropout_p(std::string const& who, double p) {
+  if (!(p >= 0.0 && p < 1.0))
+    throw config_error("strata: dropout \"" + who + "\" with p = " + std::to_string(p) +
+                       ": p must be in [0, 1)");
+}
+
+/// The random key of dropout `name` at the step and seed of ctx: key_of(name, seed) on stream
+/// step. Every dropout of strata keys this way; they differ in the element index.
+inline random_key dropout_key(std::string const& name, layer_context const& ctx) noexcept {
+  return key_of(name, ctx.seed).with_stream(ctx.step);
+}
+
+/// keep[j] = 1 when uniform<float>(key, first + j) >= p, else 0, for j < n: the keep mask of
+/// n consecutive elements of a dropout stream, one Philox block per 4 elements (the same bits
+/// as uniform<float> element by element).
+inline void draw_keep_mask(std::uint8_t* keep, std::size_t n, random_key key, std::uint64_t first,
+                           float p) noexcept {
+  strata::detail::fill_blocks<float>(std::span<std::uint8_t>(keep, n), key, first,
+                                     [p](philox_counter const& w, std::uint64_t lane) {
+                                       return static_cast<std::uint8_t>(
+                                           strata::detail::uniform_lane<float>(w, lane) >= p);
+                                     });
+}
+
+} // namespace detail
 
 /// Inverted dropout with probability p: y = x * mask / (1 - p). Element (r, j) at step s is
 /// kept when uniform(key_of(name, seed).with_stream(s), (ctx.first_row + r) * features + j)
@@ -23,7 +55,7 @@ namespace strata::nn {
 /// re-run (recompute) draws the same mask, and data-parallel ranks, micro-batches, sequence-
 /// parallel row slices and pipeline stages each draw their own part of one device's mask. The
 /// identity when !ctx.training or p == 0. The mask is saved (one byte an element) so backward
-/// does not draw again.
+/// does not draw again. x and y may be the same view (in place); so may dy and dx.
 template <floating_element T, floating_element C = compute_t<T>>
 class dropout {
 public:
@@ -36,41 +68,39 @@ public:
 
   dropout(std::string name, std::size_t features, double p)
       : name_(std::move(name)), features_(features), p_(p) {
-    if (!(p >= 0.0 && p < 1.0))
-      throw config_error("strata: dropout \"" + name_ + "\" with p = " + std::to_string(p) +
-                         ": p must be in [0, 1)");
+    detail::check_dropout_p(name_, p);
   }
 
   std::string const& name() const noexcept { return name_; }
   std::size_t in_features() const noexcept { return features_; }
   std::size_t out_features() const noexcept { return features_; }
   double p() const noexcept { return p_; }
+  /// Whether a forward under ctx drops anything (training and p > 0).
+  bool active(layer_context const& ctx) const noexcept { return ctx.training && p_ > 0.0; }
   template <class F>
   void for_each_parameter(F&&) {}
 
   /// The random key of the step under ctx.
   random_key key(layer_context const& ctx) const noexcept {
-    return key_of(name_, ctx.seed).with_stream(ctx.step);
+    return detail::dropout_key(name_, ctx);
   }
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
     std::size_t const rows = x.extent(0);
-    s.active = ctx.training && p_ > 0.0;
+    s.active = active(ctx);
     if (!s.active) {
       for (std::size_t r = 0; r < rows; ++r)
         for (std::size_t j = 0; j < features_; ++j)
           y(r, j) = x(r, j);
       return;
     }
-    random_key const k = key(ctx);
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
-    float const p = static_cast<float>(p_);
     std::uint8_t* m = s.mask.get(rows, features_).data();
-    std::uint64_t const first = ctx.first_row * features_;
+    detail::draw_keep_mask(m, rows * features_, key(ctx), ctx.first_row * features_,
+                           static_cast<float>(p_));
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t j = 0; j < features_; ++j) {
         std::size_t const e = r * features_ + j;
-        m[e] = uniform<float>(k, first + e) >= p ? 1 : 0;
         y(r, j) = detail::from_compute_value<T>(m[e] ? detail::to_compute_value<C>(x(r, j)) * scale
                                                      : C{0});
       }

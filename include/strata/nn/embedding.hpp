@@ -13,6 +13,10 @@
 // the lookups are reduce-scattered over the rows instead of all-reduced, and backward
 // all-gathers dy's rows first (so every rank's position-table gradient is whole).
 //
+// Dropout on the output (GPT-2's embd_pdrop, an option): after the sum of the token and
+// position embeddings, keyed "<name>.drop" by the output row's place in the step's global
+// batch, like the blocks' residual dropouts (under sequence parallel, this rank's rows).
+//
 // With tp = 1 (a null group, null ops, or size 1) the split runs tp::none's arithmetic, bit
 // for bit.
 #pragma once
@@ -23,6 +27,7 @@
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
+#include <strata/nn/dropout.hpp>
 #include <strata/nn/layer.hpp>
 #include <strata/nn/parameter.hpp>
 #include <strata/nn/tp.hpp>
@@ -87,7 +92,9 @@ void embedding_scatter_add(tensor_view<std::int32_t const> ids, tensor_view<T co
 
 } // namespace detail
 
-/// y[r] = wte[ids[r]] + wpe[r mod seq], rows = batch * seq (sequence-major). Parameters
+/// y[r] = drop(wte[ids[r]] + wpe[r mod seq]), rows = batch * seq (sequence-major), drop the
+/// inverted dropout "<name>.drop" of probability `drop_p` (nn::dropout: identity when 0 or
+/// not training; it saves its mask, a byte an output element). Parameters
 /// "<name>.wte.weight" [vocab, features] and "<name>.wpe.weight" [max_seq, features], both
 /// normal 0.02 (GPT-2 uses 0.01 for wpe; one rule keeps the scheme simple). The first layer:
 /// its input is token ids (std::int32_t), so it has no input gradient; it is not a `layer`.
@@ -95,9 +102,9 @@ void embedding_scatter_add(tensor_view<std::int32_t const> ids, tensor_view<T co
 /// S = tp::vocab: "<name>.wte.weight" is a shard [vocab/tp, features] of the logical table
 /// (rows rank*vocab/tp ..), "<name>.wpe.weight" replicated. Input: token ids of the whole
 /// vocabulary, the same on every rank; output [rows, features], the same on every rank (with
-/// sequence_parallel, each rank's [rows/tp, features] slice of the rows). Throws config_error
-/// at construction when vocab does not divide by tp, and at a call whose group is not the
-/// construction's.
+/// sequence_parallel, each rank's [rows/tp, features] slice of the rows, and its rows' part
+/// of the dropout mask). Throws config_error at construction when vocab does not divide by tp
+/// or drop_p is not in [0, 1), and at a call whose group is not the construction's.
 template <floating_element T, floating_element C = compute_t<T>, tp::vocab_split S = tp::none>
 class embedding {
   static constexpr bool plain = std::same_as<S, tp::none>;
@@ -107,18 +114,21 @@ public:
   using compute_type = C;
   using split_type = S;
   using index_type = std::int32_t;
-  struct saved_type {};
+  struct saved_type {
+    typename dropout<T, C>::saved_type drop;
+  };
 
   /// The plain layer.
-  embedding(std::string name, std::size_t vocab, std::size_t max_seq,
-            std::size_t features) requires plain
-      : embedding(std::move(name), vocab, max_seq, features, 1, 0, false) {}
+  embedding(std::string name, std::size_t vocab, std::size_t max_seq, std::size_t features,
+            double drop_p = 0.0) requires plain
+      : embedding(std::move(name), vocab, max_seq, features, 1, 0, false, drop_p) {}
 
   /// The token table split over the group tp (null: tp = 1).
   embedding(std::string name, std::size_t vocab, std::size_t max_seq, std::size_t features,
-            tp_group const* tp = nullptr, bool sequence_parallel = false) requires(!plain)
+            tp_group const* tp = nullptr, bool sequence_parallel = false,
+            double drop_p = 0.0) requires(!plain)
       : embedding(std::move(name), vocab, max_seq, features, tp_size_of(tp), tp_rank_of(tp),
-                  sequence_parallel) {}
+                  sequence_parallel, drop_p) {}
 
   std::string const& name() const noexcept { return name_; }
   /// The whole vocabulary, and this rank's share of it: ids [vocab_begin(), + local_vocab()).
@@ -130,6 +140,8 @@ public:
   int tp_rank() const noexcept { return rank_; }
   /// tp under sequence parallel (the output holds 1/tp of the rows), else 1.
   int output_row_split() const noexcept { return split_; }
+  /// The dropout probability on the output.
+  double dropout_p() const noexcept { return drop_.p(); }
   parameter<T>& token_weight() noexcept { return wte_; }
   parameter<T>& position_weight() noexcept { return wpe_; }
   template <class F>
@@ -139,7 +151,36 @@ public:
   }
 
   void forward(layer_context const& ctx, tensor_view<index_type const> ids, tensor_view<T> y,
-               saved_type&) {
+               saved_type& s) {
+    lookup(ctx, ids, y);
+    // Dropout in place on this rank's rows (inactive: y stays as it is, bit for bit).
+    s.drop.active = false;
+    if (drop_.active(ctx))
+      drop_.forward(rows_context(ctx, y.extent(0)), y, y, s.drop);
+  }
+
+  void backward(layer_context const& ctx, tensor_view<index_type const> ids, saved_type const& s,
+                tensor_view<T const> dy) {
+    tp_ops* ops = ops_for(ctx);
+    if (s.drop.active) { // dy through the mask first, on this rank's rows
+      std::size_t const local = dy.extent(0);
+      auto masked = dydrop_.get(local, features_);
+      drop_.backward(rows_context(ctx, local), dy, s.drop, dy, masked);
+      dy = masked;
+    }
+    if (ops != nullptr && split_ > 1) { // every rank's rows of dy
+      std::size_t const rows = ids.extent(0);
+      T* full = dyfull_.get(rows, features_).data();
+      detail::tp_gather_rows(*ops, dy, features_, tp_, full, dytmp_);
+      dy = tensor_view<T const>(full, {rows, features_});
+    }
+    detail::embedding_scatter_add<C>(ids, dy, features_, ctx.seq, wte_.grad().data(),
+                                     wpe_.grad().data(), begin_, begin_ + local_vocab_);
+  }
+
+private:
+  // y = wte[ids] + wpe (this rank's rows under sequence parallel), before dropout.
+  void lookup(layer_context const& ctx, tensor_view<index_type const> ids, tensor_view<T> y) {
     using detail::from_compute_value;
     using detail::to_compute_value;
     std::size_t const rows = ids.extent(0);
@@ -174,28 +215,24 @@ public:
     }
   }
 
-  void backward(layer_context const& ctx, tensor_view<index_type const> ids, saved_type const&,
-                tensor_view<T const> dy) {
-    tp_ops* ops = ops_for(ctx);
-    if (ops != nullptr && split_ > 1) { // every rank's rows of dy
-      std::size_t const rows = ids.extent(0);
-      T* full = dyfull_.get(rows, features_).data();
-      detail::tp_gather_rows(*ops, dy, features_, tp_, full, dytmp_);
-      dy = tensor_view<T const>(full, {rows, features_});
-    }
-    detail::embedding_scatter_add<C>(ids, dy, features_, ctx.seq, wte_.grad().data(),
-                                     wpe_.grad().data(), begin_, begin_ + local_vocab_);
+  // The dropout's context of this rank's `local` output rows: under sequence parallel they
+  // start rank x local rows into the micro-batch.
+  layer_context rows_context(layer_context const& ctx, std::size_t local) const noexcept {
+    layer_context c = ctx;
+    if (split_ > 1)
+      c.first_row += static_cast<std::uint64_t>(rank_) * local;
+    return c;
   }
 
-private:
   embedding(std::string name, std::size_t vocab, std::size_t max_seq, std::size_t features, int tp,
-            int rank, bool sequence_parallel)
+            int rank, bool sequence_parallel, double drop_p)
       : name_(std::move(name)), vocab_(vocab), max_seq_(max_seq), features_(features), tp_(tp),
         rank_(rank), split_(detail::sp_split(sequence_parallel, tp_)),
         local_vocab_(detail::tp_split(vocab, tp_, name_, "vocabulary entries")),
         begin_(static_cast<std::size_t>(rank_) * local_vocab_),
         wte_(name_ + ".wte.weight", {vocab, features}, {}, detail::tp_rows_spec(tp_, rank_)),
-        wpe_(name_ + ".wpe.weight", {max_seq, features}, {}) {
+        wpe_(name_ + ".wpe.weight", {max_seq, features}, {}),
+        drop_(name_ + ".drop", features, drop_p) {
     wte_.set_kind(parameter_kind::embedding);
     wpe_.set_kind(parameter_kind::embedding);
   }
@@ -219,7 +256,8 @@ private:
   std::size_t local_vocab_, begin_;
   parameter<T> wte_;
   parameter<T> wpe_;
-  detail::workspace<T> ytmp_, yfull_, dyfull_, dytmp_;
+  dropout<T, C> drop_;
+  detail::workspace<T> ytmp_, yfull_, dyfull_, dytmp_, dydrop_;
 };
 
 /// The vocabulary split by its Megatron name.

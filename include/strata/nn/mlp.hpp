@@ -1,5 +1,6 @@
-// mlp: GPT-2's feed-forward block, linear -> gelu -> linear; over a tp group, Megatron's
-// column-split fc -> gelu on the local hidden features -> row-split proj (one all-reduce of
+// mlp: GPT-2's feed-forward block, linear -> gelu -> linear (the gelu's tanh form by default,
+// the exact erf form or relu as an option); over a tp group, Megatron's column-split fc ->
+// the activation on the local hidden features -> row-split proj (one all-reduce of
 // the output forward, one of the input gradient backward; under sequence parallel an
 // all-gather of the input's rows and a reduce-scatter of the output's).
 #pragma once
@@ -18,8 +19,9 @@
 
 namespace strata::nn {
 
-/// "<name>.fc" linear(d, hidden), gelu (tanh), "<name>.proj" linear(hidden, d). Saves fc's
-/// output and gelu's output. Over a tp group (null: tp = 1) fc is a column split (weight
+/// "<name>.fc" linear(d, hidden), the activation `act` (default gelu's tanh form, GPT-2's;
+/// activation_kind::gelu_erf for the exact form), "<name>.proj" linear(hidden, d). Saves fc's
+/// output and the activation's output. Over a tp group (null: tp = 1) fc is a column split (weight
 /// [hidden/tp, d]) and proj a row split (weight [d, hidden/tp], bias replicated); the hidden
 /// activations are [rows, hidden/tp]; with sequence_parallel, x and y hold this rank's 1/tp of
 /// the rows. Throws config_error at construction when hidden does not divide by tp.
@@ -35,15 +37,16 @@ public:
     detail::workspace<T> g{memory_kind::activations};
     typename fc_type::saved_type fc_saved;
     typename proj_type::saved_type proj_saved;
-    typename gelu<T, C>::saved_type act_saved;
+    typename activation<T, C>::saved_type act_saved;
   };
 
   mlp(std::string name, std::size_t features, std::size_t hidden, init_rule proj_init = {},
-      tp_group const* tp = nullptr, bool sequence_parallel = false)
+      tp_group const* tp = nullptr, bool sequence_parallel = false,
+      activation_kind act = activation_kind::gelu_tanh)
       : name_(std::move(name)), d_(features),
         split_(detail::sp_split(sequence_parallel, tp_size_of(tp))),
         fc_(name_ + ".fc", features, hidden, tp, {.sequence_parallel = sequence_parallel}),
-        hidden_(fc_.local_out_features()), act_(name_ + ".gelu", hidden_),
+        hidden_(fc_.local_out_features()), act_(name_ + ".act", hidden_, act),
         proj_(name_ + ".proj", hidden, features, tp,
               {.bias = true,
                .input_is_parallel = true,
@@ -57,6 +60,8 @@ public:
   int input_row_split() const noexcept { return split_; }
   int output_row_split() const noexcept { return split_; }
   fc_type& fc() noexcept { return fc_; }
+  /// The activation between fc and proj.
+  activation_kind act_kind() const noexcept { return act_.kind(); }
   proj_type& proj() noexcept { return proj_; }
   template <class F>
   void for_each_parameter(F&& f) {
@@ -89,7 +94,7 @@ private:
   int split_;
   fc_type fc_;
   std::size_t hidden_; // this rank's hidden features
-  gelu<T, C> act_;
+  activation<T, C> act_;
   proj_type proj_;
   detail::workspace<T> dg_, dh_;
 };

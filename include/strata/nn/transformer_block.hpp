@@ -1,9 +1,10 @@
 // transformer_block: GPT-2's pre-LN block, x + attn(ln1(x)), then + mlp(ln2(.)); over a tp
-// group, Megatron's tensor parallelism: layer norms and dropouts replicated (the same
-// activations on every rank), attention with its heads split, and the MLP as column-split fc
-// -> gelu on the local hidden features -> row-split proj. Two all-reduces of the activation
-// size forward (attn.proj, mlp.proj) and two backward (the input gradients of attn.qkv and
-// mlp.fc).
+// group, Megatron's tensor parallelism: layer norms and residual dropouts replicated (the same
+// activations on every rank), attention with its heads split (its dropout on the
+// probabilities keyed by the logical head), and the MLP as column-split fc -> gelu (or the
+// block's activation) on the local hidden features -> row-split proj. Two all-reduces of the
+// activation size forward (attn.proj, mlp.proj) and two backward (the input gradients of
+// attn.qkv and mlp.fc).
 //
 // Sequence parallel (block_options::sequence_parallel): the block's input and output, its
 // layer norms, dropouts and residual adds hold this rank's 1/tp of the rows; the all-reduces
@@ -11,12 +12,13 @@
 // attn.proj and mlp.proj (forward), and in backward an all-gather of dy's rows at each
 // projection, the inputs' rows gathered again for qkv's and fc's weight gradients, and a
 // reduce-scatter of their input gradients; the layer norms' gradients are all-reduced once a
-// step (layer_norm under sequence parallel). Dropout draws the rows' own part of one device's
-// mask.
+// step (layer_norm under sequence parallel). The residual dropouts draw the rows' own part of
+// one device's mask; attention, which sees the micro-batch's every row, draws its heads' part.
 #pragma once
 
 #include <strata/core/element.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/nn/activation.hpp>
 #include <strata/nn/attention.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/workspace.hpp>
@@ -34,7 +36,8 @@
 
 namespace strata::nn {
 
-/// The block's shape and options.
+/// The block's shape and options. Defaults are GPT-2 small's shape with no dropout and the
+/// tanh GELU.
 struct block_options {
   std::size_t features = 768;
   std::size_t heads = 12;
@@ -42,6 +45,8 @@ struct block_options {
   double dropout = 0.0;           // residual dropout after attn.proj and mlp.proj
   std::size_t n_layers = 0;       // > 0: GPT-2's residual scaling, proj std 0.02 / sqrt(2 n_layers)
   bool sequence_parallel = false; // with a tp group of size > 1: rows split over tp
+  double attn_dropout = 0.0;      // dropout on the attention probabilities (GPT-2's attn_pdrop)
+  activation_kind activation = activation_kind::gelu_tanh; // the MLP's: gelu_erf is nn.GELU()
 };
 
 namespace detail {
@@ -62,11 +67,13 @@ void residual_add(tensor_view<T> y, std::type_identity_t<tensor_view<T const>> x
 
 /// The pre-LN block's forward around its MLP: x1 = x + drop1(attn(ln1(x))), then y = x1 +
 /// drop2(m) with ff(h2, m) writing m = mlp(h2 = ln2(x1)). The rows x d activations h1, a, x1,
-/// h2, m and the parts' saved state (ln1, attn, drop1, ln2, drop2) live in s.
+/// h2, m and the parts' saved state (ln1, attn, drop1, ln2, drop2) live in s. The residual
+/// dropouts run under dctx (the context of this rank's rows under sequence parallel), the
+/// rest under ctx.
 template <class C, class T, class S, class LN, class Attn, class Drop, class FF>
-void pre_ln_block_forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, S& s,
-                          std::size_t d, LN& ln1, Attn& attn, LN& ln2, Drop& drop1, Drop& drop2,
-                          FF&& ff) {
+void pre_ln_block_forward(layer_context const& ctx, layer_context const& dctx,
+                          tensor_view<T const> x, tensor_view<T> y, S& s, std::size_t d, LN& ln1,
+                          Attn& attn, LN& ln2, Drop& drop1, Drop& drop2, FF&& ff) {
   std::size_t const rows = x.extent(0);
   auto h1 = s.h1.get(rows, d);
   auto a = s.a.get(rows, d);
@@ -75,32 +82,33 @@ void pre_ln_block_forward(layer_context const& ctx, tensor_view<T const> x, tens
   auto m = s.m.get(rows, d);
   ln1.forward(ctx, x, h1, s.ln1);
   attn.forward(ctx, h1, a, s.attn);
-  drop1.forward(ctx, a, x1, s.drop1);
+  drop1.forward(dctx, a, x1, s.drop1);
   residual_add<C>(x1, x);
   ln2.forward(ctx, x1, h2, s.ln2);
   ff(h2, m);
-  drop2.forward(ctx, m, y, s.drop2);
+  drop2.forward(dctx, m, y, s.drop2);
   residual_add<C>(y, x1);
 }
 
 /// pre_ln_block_forward's backward, with ff(t, u) writing u = dh2 from t = dm (rows x d
-/// workspaces t, u, dx1).
+/// workspaces t, u, dx1); the residual dropouts under dctx, the rest under ctx.
 template <class C, class T, class S, class LN, class Attn, class Drop, class FF>
-void pre_ln_block_backward(layer_context const& ctx, tensor_view<T const> x, S const& s,
-                           tensor_view<T const> dy, tensor_view<T> dx, std::size_t d, LN& ln1,
-                           Attn& attn, LN& ln2, Drop& drop1, Drop& drop2, workspace<T>& tw,
-                           workspace<T>& uw, workspace<T>& dx1w, FF&& ff) {
+void pre_ln_block_backward(layer_context const& ctx, layer_context const& dctx,
+                           tensor_view<T const> x, S const& s, tensor_view<T const> dy,
+                           tensor_view<T> dx, std::size_t d, LN& ln1, Attn& attn, LN& ln2,
+                           Drop& drop1, Drop& drop2, workspace<T>& tw, workspace<T>& uw,
+                           workspace<T>& dx1w, FF&& ff) {
   std::size_t const rows = x.extent(0);
   auto t = tw.get(rows, d);
   auto u = uw.get(rows, d);
   auto dx1 = dx1w.get(rows, d);
-  drop2.backward(ctx, s.m.view(rows, d), s.drop2, dy, t);  // t = dm
-  ff(t, u);                                                // u = dh2
-  ln2.backward(ctx, s.x1.view(rows, d), s.ln2, u, dx1);    // dx1 = via ln2
-  residual_add<C>(dx1, dy);                                // + residual
-  drop1.backward(ctx, s.a.view(rows, d), s.drop1, dx1, t); // t = da
-  attn.backward(ctx, s.h1.view(rows, d), s.attn, t, u);    // u = dh1
-  ln1.backward(ctx, x, s.ln1, u, dx);                      // dx = via ln1
+  drop2.backward(dctx, s.m.view(rows, d), s.drop2, dy, t);  // t = dm
+  ff(t, u);                                                 // u = dh2
+  ln2.backward(ctx, s.x1.view(rows, d), s.ln2, u, dx1);     // dx1 = via ln2
+  residual_add<C>(dx1, dy);                                 // + residual
+  drop1.backward(dctx, s.a.view(rows, d), s.drop1, dx1, t); // t = da
+  attn.backward(ctx, s.h1.view(rows, d), s.attn, t, u);     // u = dh1
+  ln1.backward(ctx, x, s.ln1, u, dx);                       // dx = via ln1
   if (dx.data() != nullptr)
     residual_add<C>(dx, dx1); // + residual
 }
@@ -109,7 +117,10 @@ void pre_ln_block_backward(layer_context const& ctx, tensor_view<T const> x, S c
 
 /// y = x1 + drop(mlp(ln2(x1))), x1 = x + drop(attn(ln1(x))). Children are "<name>.ln1",
 /// "<name>.attn", "<name>.ln2", "<name>.mlp" (so "blocks.3.attn.qkv.weight"), parameters in
-/// the order ln1, attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj. Over a tp group (null: tp = 1)
+/// the order ln1, attn.qkv, attn.proj, ln2, mlp.fc, mlp.proj. Dropouts (keys): the residual
+/// ones "<name>.attn.drop" and "<name>.mlp.drop" (block_options::dropout), the attention
+/// probabilities' "<name>.attn.probs.drop" (attn_dropout); the MLP's activation is
+/// block_options::activation. Over a tp group (null: tp = 1)
 /// the split ones are shards of the logical tensors (see causal_self_attention, mlp, linear);
 /// throws config_error at construction when heads, features or the hidden width do not divide
 /// by tp.
@@ -132,10 +143,10 @@ public:
         split_(detail::sp_split(o.sequence_parallel, tp_size_of(tp))),
         ln1_(name_ + ".ln1", o.features, tp, o.sequence_parallel),
         attn_(name_ + ".attn", o.features, o.heads, tp, detail::block_proj_rule(o),
-              o.sequence_parallel),
+              o.sequence_parallel, o.attn_dropout),
         ln2_(name_ + ".ln2", o.features, tp, o.sequence_parallel),
         mlp_(name_ + ".mlp", o.features, o.hidden ? o.hidden : 4 * o.features,
-             detail::block_proj_rule(o), tp, o.sequence_parallel),
+             detail::block_proj_rule(o), tp, o.sequence_parallel, o.activation),
         drop1_(name_ + ".attn.drop", o.features, o.dropout),
         drop2_(name_ + ".mlp.drop", o.features, o.dropout) {}
 
@@ -160,24 +171,25 @@ public:
   }
 
   void forward(layer_context const& ctx, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
-    auto const c = local_context(ctx, x.extent(0));
-    detail::pre_ln_block_forward<C>(c, x, y, s, d_, ln1_, attn_, ln2_, drop1_, drop2_,
-                                    [&](auto h2, auto m) { mlp_.forward(c, h2, m, s.ff); });
+    auto const dc = local_context(ctx, x.extent(0));
+    detail::pre_ln_block_forward<C>(ctx, dc, x, y, s, d_, ln1_, attn_, ln2_, drop1_, drop2_,
+                                    [&](auto h2, auto m) { mlp_.forward(ctx, h2, m, s.ff); });
   }
 
   void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
     std::size_t const rows = x.extent(0);
-    auto const c = local_context(ctx, rows);
+    auto const dc = local_context(ctx, rows);
     // u = dh2 and dh1 arrive all-reduced (or reduce-scattered) from mlp.fc and attn.qkv.
     detail::pre_ln_block_backward<C>(
-        c, x, s, dy, dx, d_, ln1_, attn_, ln2_, drop1_, drop2_, t_, u_, dx1_,
-        [&](auto t, auto u) { mlp_.backward(c, s.h2.view(rows, d_), s.ff, t, u); });
+        ctx, dc, x, s, dy, dx, d_, ln1_, attn_, ln2_, drop1_, drop2_, t_, u_, dx1_,
+        [&](auto t, auto u) { mlp_.backward(ctx, s.h2.view(rows, d_), s.ff, t, u); });
   }
 
 private:
-  // Under sequence parallel, the context of this rank's rows: dropout keys on the rows' place
-  // in the global batch, which starts tp_rank x local rows into the micro-batch.
+  // Under sequence parallel, the residual dropouts' context of this rank's rows: they key on
+  // the rows' place in the global batch, which starts tp_rank x local rows into the micro-
+  // batch. Attention gathers every row of the micro-batch, so it keeps ctx.
   layer_context local_context(layer_context const& ctx, std::size_t local) const noexcept {
     layer_context c = ctx;
     if (split_ > 1)
