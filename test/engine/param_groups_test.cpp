@@ -7,6 +7,7 @@
 
 #include "../support/parity.hpp"
 #include "../support/seed.hpp"
+#include "../support/training.hpp"
 
 #include <catch2/catch.hpp>
 

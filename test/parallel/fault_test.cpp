@@ -305,164 +305,166 @@ public:
     if (v.mean_counted <= 0)
       not_applied(std::string(name()));
     v.mean_counted = v.counted;
+  }
+};
 
-    // (7) Tensor parallel: attention's dropout on its probabilities keyed by the local head index
-    // instead of the logical one, so that head h of every tp rank draws rank 0's head h's mask.
-    // setup() replaces the attention core of each block this rank holds by one of the same shape,
-    // name and probability whose first head is 0 (the layers are the nodes' own: nothing in the
-    // library changes).
-    template <class T>
-    class local_head_dropout_fault final : public eng::pass<T> {
-    public:
-      std::string_view name() const noexcept override {
-        return "fault: attention dropout keyed by the local head";
-      }
+// (8) Tensor parallel: attention's dropout on its probabilities keyed by the local head index
+// instead of the logical one, so that head h of every tp rank draws rank 0's head h's mask.
+// setup() replaces the attention core of each block this rank holds by one of the same shape,
+// name and probability whose first head is 0 (the layers are the nodes' own: nothing in the
+// library changes).
+template <class T>
+class local_head_dropout_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override {
+    return "fault: attention dropout keyed by the local head";
+  }
 
-      void setup(eng::state<T>& s) override {
-        using block_node = eng::detail::hidden_node<st::nn::transformer_block<T>, T>;
-        std::size_t blocks = 0, rekeyed = 0;
-        for (auto& n : s.model().nodes) {
-          auto* b = dynamic_cast<block_node*>(n.get());
-          if (b == nullptr)
-            continue;
-          ++blocks;
-          auto& attn = b->layer().attn();
-          auto o = attn.core().options();
-          if (o.dropout == 0 || o.first_head == 0) // tp rank 0: local and logical indices agree
-            continue;
-          o.first_head = 0;
-          attn.core() = st::nn::attention_core<T>(attn.local_features(), attn.local_heads(), o);
-          ++rekeyed;
-        }
-        bool const first_rank = s.settings().tp == nullptr || s.settings().tp->rank == 0;
-        if (blocks == 0 || (!first_rank && rekeyed == 0))
-          not_applied(std::string(name()));
-      }
-    };
-
-  } // namespace
-
-  // (7) Parameter groups ignored inside a ZeRO shard: every range a rank updates takes the
-  // multipliers of its shard's first range, as a shard stepped in one call with one group's
-  // settings would (issue 19).
-  template <class T>
-  class one_group_per_shard_fault final : public eng::pass<T> {
-  public:
-    std::string_view name() const noexcept override { return "fault: one group per shard"; }
-    void setup(eng::state<T>& s) override {
-      auto& owned = s.flat().owned;
-      if (owned.size() < 2)
-        not_applied(std::string(name()));
-      for (auto& r : owned) {
-        r.lr_mult = owned.front().lr_mult;
-        r.weight_decay_mult = owned.front().weight_decay_mult;
-      }
+  void setup(eng::state<T>& s) override {
+    using block_node = eng::detail::hidden_node<st::nn::transformer_block<T>, T>;
+    std::size_t blocks = 0, rekeyed = 0;
+    for (auto& n : s.model().nodes) {
+      auto* b = dynamic_cast<block_node*>(n.get());
+      if (b == nullptr)
+        continue;
+      ++blocks;
+      auto& attn = b->layer().attn();
+      auto o = attn.core().options();
+      if (o.dropout == 0 || o.first_head == 0) // tp rank 0: local and logical indices agree
+        continue;
+      o.first_head = 0;
+      attn.core() = st::nn::attention_core<T>(attn.local_features(), attn.local_heads(), o);
+      ++rekeyed;
     }
+    bool const first_rank = s.settings().tp == nullptr || s.settings().tp->rank == 0;
+    if (blocks == 0 || (!first_rank && rekeyed == 0))
+      not_applied(std::string(name()));
+  }
+};
+
+} // namespace
+
+// (9) Parameter groups ignored inside a ZeRO shard: every range a rank updates takes the
+// multipliers of its shard's first range, as a shard stepped in one call with one group's
+// settings would (issue 19).
+template <class T>
+class one_group_per_shard_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: one group per shard"; }
+  void setup(eng::state<T>& s) override {
+    auto& owned = s.flat().owned;
+    if (owned.size() < 2)
+      not_applied(std::string(name()));
+    for (auto& r : owned) {
+      r.lr_mult = owned.front().lr_mult;
+      r.weight_decay_mult = owned.front().weight_decay_mult;
+    }
+  }
+};
+
+TEST_CASE("the harness catches a masked loss normalised by each rank's own token count",
+          "[parallel][faults][parity][ddp][mask]") {
+  st::test::parity_options o = sgd;
+  o.mask_density = {0.5, 0.95, 0.3, 0.8}; // rank 0's half masked, rank 1's almost full
+  auto const r = caught<st::plan<st::data_parallel<>, st::micro_batches<2>>>(
+      "local token count", gpt, st::test::parity_fault::of<local_count_fault>(), {.dp = 4}, o);
+  CHECK(r.loss > 1); // the reported loss is the mean of the ranks' means
+  CHECK(r.grad > 1);
+  CHECK(r.param > 1);
+}
+
+TEST_CASE("the harness catches dp gradients summed instead of averaged",
+          "[parallel][faults][parity][ddp]") {
+  auto const r = caught<st::plan<st::data_parallel<>>>(
+      "dp sum", gpt, st::test::parity_fault::of<summed_dp_fault>(4), {.dp = 4});
+  CHECK(r.grad > 1); // the first gradient is dp times the reference
+  CHECK(r.param > 1);
+}
+
+TEST_CASE("the harness catches a ZeRO-2 reduce-scatter dropped",
+          "[parallel][faults][parity][zero]") {
+  auto const r = caught<st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>>>(
+      "zero-2 reduce-scatter dropped", gpt,
+      st::test::parity_fault::of<dropped_reduce_scatter_fault>(), {.dp = 4});
+  CHECK(r.grad > 1); // the shards miss micro-batch 0's gradients
+}
+
+TEST_CASE("the harness catches a micro-batch's backward skipped",
+          "[parallel][faults][parity][ddp]") {
+  auto const r = caught<st::plan<st::data_parallel<>, st::micro_batches<2>>>(
+      "backward of micro-batch 0 skipped", gpt,
+      st::test::parity_fault::of<skipped_backward_fault>(), {.dp = 4});
+  CHECK(r.grad > 1); // half the gradient
+}
+
+TEST_CASE("the harness catches two pipeline micro-batches swapped",
+          "[parallel][faults][parity][pipeline]") {
+  using plan =
+      st::plan<st::data_parallel<>, st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
+  auto const r =
+      caught<plan>("pipeline micro-batches 0 and 1 swapped", gpt,
+                   st::test::parity_fault::of<swapped_micro_batches_fault>(), {.dp = 2, .pp = 2});
+  CHECK(r.loss > 1); // the first step's loss scores tokens against other targets
+}
+
+TEST_CASE("the harness catches a tensor-parallel all-reduce skipped",
+          "[parallel][faults][parity][tp]") {
+  auto const r = caught<st::plan<st::data_parallel<>, st::tensor_parallel<>>>(
+      "tp all-reduce of blocks.0 skipped", gpt,
+      st::test::parity_fault::of<skipped_tp_all_reduce_fault>(std::uint32_t{1}),
+      {.dp = 2, .tp = 2});
+  // The forward itself is wrong, but the attention's share of the residual stream is small at
+  // initialisation: the loss criterion catches it narrowly (1.5 x its tolerance at worst over
+  // 40 seeds), the gradient criterion by thousands.
+  CHECK(r.grad > 1);
+}
+
+TEST_CASE("the harness catches the sequence-parallel layer-norm reduction skipped",
+          "[parallel][faults][parity][tp][sp]") {
+  auto g = gpt;
+  g.config.sequence_parallel = true;
+  auto const fault = st::test::parity_fault::of<skipped_sp_reduction_fault>();
+  // Each tp rank's layer-norm gradients cover its rows only: partial sums, which differ
+  // between the tp replicas.
+  auto const check = [](st::test::parity_report const& r) {
+    CHECK(r.grad > 1);
+    CHECK_THAT(r.message, Contains("norm.weight: first gradient differs"));
+    CHECK_THAT(r.message, Contains("elements differ between the ranks"));
   };
-
-  TEST_CASE("the harness catches a masked loss normalised by each rank's own token count",
-            "[parallel][faults][parity][ddp][mask]") {
-    st::test::parity_options o = sgd;
-    o.mask_density = {0.5, 0.95, 0.3, 0.8}; // rank 0's half masked, rank 1's almost full
-    auto const r = caught<st::plan<st::data_parallel<>, st::micro_batches<2>>>(
-        "local token count", gpt, st::test::parity_fault::of<local_count_fault>(), {.dp = 4}, o);
-    CHECK(r.loss > 1); // the reported loss is the mean of the ranks' means
-    CHECK(r.grad > 1);
-    CHECK(r.param > 1);
+  SECTION("ZeRO-2, 2 micro-batches") {
+    check(caught<st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>, st::tensor_parallel<>>>(
+        "sp reduction skipped (zero-2)", g, fault, {.dp = 2, .tp = 2}));
   }
-
-  TEST_CASE("the harness catches dp gradients summed instead of averaged",
-            "[parallel][faults][parity][ddp]") {
-    auto const r = caught<st::plan<st::data_parallel<>>>(
-        "dp sum", gpt, st::test::parity_fault::of<summed_dp_fault>(4), {.dp = 4});
-    CHECK(r.grad > 1); // the first gradient is dp times the reference
-    CHECK(r.param > 1);
+  SECTION("data parallel, 2 micro-batches") {
+    check(caught<st::plan<st::data_parallel<>, st::tensor_parallel<>, st::micro_batches<2>>>(
+        "sp reduction skipped (dp)", g, fault, {.dp = 2, .tp = 2}));
   }
+}
 
-  TEST_CASE("the harness catches a ZeRO-2 reduce-scatter dropped",
-            "[parallel][faults][parity][zero]") {
-    auto const r = caught<st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>>>(
-        "zero-2 reduce-scatter dropped", gpt,
-        st::test::parity_fault::of<dropped_reduce_scatter_fault>(), {.dp = 4});
-    CHECK(r.grad > 1); // the shards miss micro-batch 0's gradients
-  }
+TEST_CASE("the harness catches parameter groups ignored inside a ZeRO shard",
+          "[parallel][faults][parity][zero][groups]") {
+  using plan = st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>>;
+  st::test::parity_options o = sgd;
+  o.groups = st::test::mixed_groups();
+  auto const clean = st::test::check_parity<plan>(4, gpt, o, {.dp = 4});
+  INFO("without the fault: " << clean.summary());
+  REQUIRE(clean.ok);
+  o.fault = st::test::parity_fault::of<one_group_per_shard_fault>();
+  auto const bad = st::test::check_parity<plan>(4, gpt, o, {.dp = 4});
+  std::printf("one group per shard: %s\n", bad.summary().c_str());
+  CHECK_FALSE(bad.ok);
+  CHECK(bad.param > 1); // the first gradients are right; the updates are not
+}
 
-  TEST_CASE("the harness catches a micro-batch's backward skipped",
-            "[parallel][faults][parity][ddp]") {
-    auto const r = caught<st::plan<st::data_parallel<>, st::micro_batches<2>>>(
-        "backward of micro-batch 0 skipped", gpt,
-        st::test::parity_fault::of<skipped_backward_fault>(), {.dp = 4});
-    CHECK(r.grad > 1); // half the gradient
-  }
-
-  TEST_CASE("the harness catches two pipeline micro-batches swapped",
-            "[parallel][faults][parity][pipeline]") {
-    using plan =
-        st::plan<st::data_parallel<>, st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
-    auto const r =
-        caught<plan>("pipeline micro-batches 0 and 1 swapped", gpt,
-                     st::test::parity_fault::of<swapped_micro_batches_fault>(), {.dp = 2, .pp = 2});
-    CHECK(r.loss > 1); // the first step's loss scores tokens against other targets
-  }
-
-  TEST_CASE("the harness catches a tensor-parallel all-reduce skipped",
-            "[parallel][faults][parity][tp]") {
-    auto const r = caught<st::plan<st::data_parallel<>, st::tensor_parallel<>>>(
-        "tp all-reduce of blocks.0 skipped", gpt,
-        st::test::parity_fault::of<skipped_tp_all_reduce_fault>(std::uint32_t{1}),
-        {.dp = 2, .tp = 2});
-    // The forward itself is wrong, but the attention's share of the residual stream is small at
-    // initialisation: the loss criterion catches it narrowly (1.5 x its tolerance at worst over
-    // 40 seeds), the gradient criterion by thousands.
-    CHECK(r.grad > 1);
-  }
-
-  TEST_CASE("the harness catches the sequence-parallel layer-norm reduction skipped",
-            "[parallel][faults][parity][tp][sp]") {
-    auto g = gpt;
-    g.config.sequence_parallel = true;
-    auto const fault = st::test::parity_fault::of<skipped_sp_reduction_fault>();
-    // Each tp rank's layer-norm gradients cover its rows only: partial sums, which differ
-    // between the tp replicas.
-    auto const check = [](st::test::parity_report const& r) {
-      CHECK(r.grad > 1);
-      CHECK_THAT(r.message, Contains("norm.weight: first gradient differs"));
-      CHECK_THAT(r.message, Contains("elements differ between the ranks"));
-    };
-    SECTION("ZeRO-2, 2 micro-batches") {
-      check(caught<st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>, st::tensor_parallel<>>>(
-          "sp reduction skipped (zero-2)", g, fault, {.dp = 2, .tp = 2}));
-    }
-    SECTION("data parallel, 2 micro-batches") {
-      check(caught<st::plan<st::data_parallel<>, st::tensor_parallel<>, st::micro_batches<2>>>(
-          "sp reduction skipped (dp)", g, fault, {.dp = 2, .tp = 2}));
-    }
-  }
-
-  TEST_CASE("the harness catches parameter groups ignored inside a ZeRO shard",
-            "[parallel][faults][parity][zero][groups]") {
-    using plan = st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>>;
-    st::test::parity_options o = sgd;
-    o.groups = st::test::mixed_groups();
-    auto const clean = st::test::check_parity<plan>(4, gpt, o, {.dp = 4});
-    INFO("without the fault: " << clean.summary());
-    REQUIRE(clean.ok);
-    o.fault = st::test::parity_fault::of<one_group_per_shard_fault>();
-    auto const bad = st::test::check_parity<plan>(4, gpt, o, {.dp = 4});
-    std::printf("one group per shard: %s\n", bad.summary().c_str());
-    CHECK_FALSE(bad.ok);
-    CHECK(bad.param > 1); // the first gradients are right; the updates are not
-  }
-
-  TEST_CASE("the harness catches tp attention dropout keyed by the local head index",
-            "[parallel][faults][parity][tp]") {
-    auto g = gpt;
-    g.config.attn_dropout = 0.2;
-    auto const r = caught<st::plan<st::data_parallel<>, st::tensor_parallel<>>>(
-        "attention dropout keyed by the local head", g,
-        st::test::parity_fault::of<local_head_dropout_fault>(), {.dp = 2, .tp = 2});
-    // Rank 1's heads draw rank 0's heads' masks: their q, k, v rows and the output
-    // projection's columns get other gradients from the first backward on.
-    CHECK(r.grad > 1);
-    CHECK_THAT(r.message, Contains("attn.qkv.weight: first gradient differs"));
-  }
+TEST_CASE("the harness catches tp attention dropout keyed by the local head index",
+          "[parallel][faults][parity][tp]") {
+  auto g = gpt;
+  g.config.attn_dropout = 0.2;
+  auto const r = caught<st::plan<st::data_parallel<>, st::tensor_parallel<>>>(
+      "attention dropout keyed by the local head", g,
+      st::test::parity_fault::of<local_head_dropout_fault>(), {.dp = 2, .tp = 2});
+  // Rank 1's heads draw rank 0's heads' masks: their q, k, v rows and the output
+  // projection's columns get other gradients from the first backward on.
+  CHECK(r.grad > 1);
+  CHECK_THAT(r.message, Contains("attn.qkv.weight: first gradient differs"));
+}
