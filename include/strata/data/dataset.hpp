@@ -16,6 +16,44 @@
 
 namespace strata::data {
 
+namespace detail {
+
+// -sum over ids of p ln p, p = count / n: the unigram entropy of id counts over n ids.
+inline double entropy_of(std::vector<std::size_t> const& counts, std::size_t n) {
+  double h = 0;
+  for (std::size_t const c : counts)
+    if (c != 0) {
+      double const p = static_cast<double>(c) / static_cast<double>(n);
+      h -= p * std::log(p);
+    }
+  return h;
+}
+
+// Where split(fraction) of `count` ids cuts them (training before it, validation after),
+// checked: fraction in (0, 1), each part at least one sample of sample_tokens + 1 ids. `of`
+// names the data in the message (empty, or " of '<path>'").
+inline std::size_t split_cut(double fraction, std::size_t count, std::size_t sample_tokens,
+                             std::string const& of) {
+  if (!(fraction > 0.0 && fraction < 1.0))
+    throw config_error("strata: split(" + std::to_string(fraction) +
+                       ") needs a fraction strictly between 0 and 1 (0.9 keeps the first 90% "
+                       "of the tokens for training, the last 10% for validation)");
+  auto const cut = static_cast<std::size_t>(fraction * static_cast<double>(count));
+  auto check = [&](std::size_t n, char const* which) {
+    if (n < sample_tokens + 1)
+      throw config_error("strata: split(" + std::to_string(fraction) + ") of " +
+                         std::to_string(count) + " tokens" + of + " leaves " + std::to_string(n) +
+                         " tokens for " + which + ", fewer than the " +
+                         std::to_string(sample_tokens + 1) +
+                         " one sample needs (T + 1); move the fraction or use more data");
+  };
+  check(cut, "training");
+  check(count - cut, "validation");
+  return cut;
+}
+
+} // namespace detail
+
 /// A source of language-model samples, each `sample_tokens()` input ids and as many next-token
 /// targets. A type provides:
 ///   size()           the number of samples;
@@ -81,35 +119,16 @@ public:
     std::vector<std::size_t> counts(vocab_, 0);
     for (std::int32_t const id : tokens())
       ++counts[static_cast<std::size_t>(id)];
-    double h = 0;
-    double const n = static_cast<double>(count_);
-    for (std::size_t const c : counts)
-      if (c != 0) {
-        double const p = static_cast<double>(c) / n;
-        h -= p * std::log(p);
-      }
-    return h;
+    return detail::entropy_of(counts, count_);
   }
 
   /// Two views of the same ids, without copying them: the first floor(fraction * tokens) ids
   /// (training) and the rest (validation), so no token is in both. Throws config_error when
   /// fraction is not in (0, 1) or a part is too short for one sample.
   std::pair<token_dataset, token_dataset> split(double fraction) const {
-    if (!(fraction > 0.0 && fraction < 1.0))
-      throw config_error("strata: split(" + std::to_string(fraction) +
-                         ") needs a fraction strictly between 0 and 1 (0.9 keeps the first 90% "
-                         "of the tokens for training, the last 10% for validation)");
-    auto const cut = static_cast<std::size_t>(fraction * static_cast<double>(count_));
-    auto part = [&](std::size_t first, std::size_t count, char const* which) {
-      if (count < sample_tokens_ + 1)
-        throw config_error("strata: split(" + std::to_string(fraction) + ") of " +
-                           std::to_string(count_) + " tokens leaves " + std::to_string(count) +
-                           " tokens for " + which + ", fewer than the " +
-                           std::to_string(sample_tokens_ + 1) +
-                           " one sample needs (T + 1); move the fraction or use more data");
-      return token_dataset(storage_, first_ + first, count, sample_tokens_, vocab_);
-    };
-    return {part(0, cut, "training"), part(cut, count_ - cut, "validation")};
+    std::size_t const cut = detail::split_cut(fraction, count_, sample_tokens_, "");
+    return {token_dataset(storage_, first_, cut, sample_tokens_, vocab_),
+            token_dataset(storage_, first_ + cut, count_ - cut, sample_tokens_, vocab_)};
   }
 
 protected:

@@ -245,37 +245,22 @@ public:
     std::vector<std::size_t> counts(vocab_, 0);
     for (std::size_t k = 0; k < n; ++k)
       ++counts[static_cast<std::size_t>(id(k))];
-    double h = 0;
-    for (std::size_t const c : counts)
-      if (c != 0) {
-        double const p = static_cast<double>(c) / static_cast<double>(n);
-        h -= p * std::log(p);
-      }
-    return h;
+    return detail::entropy_of(counts, n);
   }
 
   /// Two views of the same mapping, as token_dataset::split: the first floor(fraction * ids)
   /// ids (training) and the rest (validation). Throws config_error when fraction is not in
   /// (0, 1) or a part is too short for one sample.
   std::pair<token_file_dataset, token_file_dataset> split(double fraction) const {
-    if (!(fraction > 0.0 && fraction < 1.0))
-      throw config_error("strata: split(" + std::to_string(fraction) +
-                         ") needs a fraction strictly between 0 and 1 (0.9 keeps the first 90% "
-                         "of the tokens for training, the last 10% for validation)");
-    auto const cut = static_cast<std::size_t>(fraction * static_cast<double>(count_));
-    auto part = [&](std::size_t first, std::size_t count, char const* which) {
-      if (count < sample_tokens_ + 1)
-        throw config_error("strata: split(" + std::to_string(fraction) + ") of " +
-                           std::to_string(count_) + " tokens of '" + path().string() + "' leaves " +
-                           std::to_string(count) + " tokens for " + which + ", fewer than the " +
-                           std::to_string(sample_tokens_ + 1) +
-                           " one sample needs (T + 1); move the fraction or use more data");
+    std::size_t const cut =
+        detail::split_cut(fraction, count_, sample_tokens_, " of '" + path().string() + "'");
+    auto part = [&](std::size_t first, std::size_t count) {
       token_file_dataset d = *this;
       d.first_ = first_ + first;
       d.count_ = count;
       return d;
     };
-    return {part(0, cut, "training"), part(cut, count_ - cut, "validation")};
+    return {part(0, cut), part(cut, count_ - cut)};
   }
 
 private:
