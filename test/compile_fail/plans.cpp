@@ -1,7 +1,8 @@
 // Plans the compiler must refuse, each with a twin that compiles. Built by
 // run_case.cmake with -DSTRATA_CASE=<n> (must fail with the expected message) and with
-// -DSTRATA_CASE=<n> -DSTRATA_TWIN (must compile). Case 17 is linked and run instead: the
-// checks that only construction can make.
+// -DSTRATA_CASE=<n> -DSTRATA_TWIN (must compile); the twins are compiled together, each in its
+// namespace, with -DSTRATA_ALL_TWINS -DSTRATA_TWIN (one compile instead of one a case). Case 17
+// is linked and run instead: the checks that only construction can make.
 #include <strata/comm/local.hpp>
 #include <strata/comm/mesh.hpp>
 #include <strata/models/static_gpt.hpp>
@@ -27,7 +28,9 @@ struct three_layers {
   void build(st::engine::model_builder<float>&) const {}
 };
 
-#if STRATA_CASE == 1 // interleaved 1F1B: micro-batches not a multiple of the stages
+#if STRATA_CASE == 1 ||                                                                            \
+    defined(STRATA_ALL_TWINS) // interleaved 1F1B: micro-batches not a multiple of the stages
+namespace case_1 {
 #ifdef STRATA_TWIN
 using plan =
     st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<8>, st::stages<4>>>;
@@ -37,7 +40,10 @@ using plan =
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 2 // fewer layers than stages x chunks
+} // namespace case_1
+#endif
+#if STRATA_CASE == 2 || defined(STRATA_ALL_TWINS) // fewer layers than stages x chunks
+namespace case_2 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::pipeline_parallel<st::gpipe, st::micro_batches<4>, st::stages<3>>>;
 #else
@@ -46,7 +52,10 @@ using plan =
 #endif
 static_assert(st::check_plan<three_layers, plan>());
 
-#elif STRATA_CASE == 3 // a pipeline without a schedule
+} // namespace case_2
+#endif
+#if STRATA_CASE == 3 || defined(STRATA_ALL_TWINS) // a pipeline without a schedule
+namespace case_3 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
 #else
@@ -54,7 +63,11 @@ using plan = st::plan<st::pipeline_parallel<st::micro_batches<4>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 4 // micro-batches named twice: in the plan and in the pipeline
+} // namespace case_3
+#endif
+#if STRATA_CASE == 4 ||                                                                            \
+    defined(STRATA_ALL_TWINS) // micro-batches named twice: in the plan and in the pipeline
+namespace case_4 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::data_parallel<>, st::pipeline_parallel<st::gpipe, st::micro_batches<4>>>;
 #else
@@ -62,7 +75,10 @@ using plan = st::plan<st::micro_batches<2>, st::pipeline_parallel<st::gpipe, st:
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 5 // an option a strategy does not know
+} // namespace case_4
+#endif
+#if STRATA_CASE == 5 || defined(STRATA_ALL_TWINS) // an option a strategy does not know
+namespace case_5 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::data_parallel<st::bucket_mib<8>>>;
 #else
@@ -70,7 +86,10 @@ using plan = st::plan<st::data_parallel<st::gpipe>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 6 // a strategy named twice
+} // namespace case_5
+#endif
+#if STRATA_CASE == 6 || defined(STRATA_ALL_TWINS) // a strategy named twice
+namespace case_6 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::data_parallel<>>;
 #else
@@ -78,7 +97,10 @@ using plan = st::plan<st::data_parallel<>, st::data_parallel<st::bucket_mib<4>>>
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 7 // data parallel and sharded over the same dp axis
+} // namespace case_6
+#endif
+#if STRATA_CASE == 7 || defined(STRATA_ALL_TWINS) // data parallel and sharded over the same dp axis
+namespace case_7 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::sharded<st::zero<2>>>;
 #else
@@ -86,7 +108,10 @@ using plan = st::plan<st::data_parallel<>, st::sharded<st::zero<2>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 8 // a ZeRO-3 option on stage 1
+} // namespace case_7
+#endif
+#if STRATA_CASE == 8 || defined(STRATA_ALL_TWINS) // a ZeRO-3 option on stage 1
+namespace case_8 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::sharded<st::zero<3>, st::unit_layers<2>>>;
 #else
@@ -94,7 +119,10 @@ using plan = st::plan<st::sharded<st::zero<1>, st::unit_layers<2>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 9 // a ZeRO stage that does not exist
+} // namespace case_8
+#endif
+#if STRATA_CASE == 9 || defined(STRATA_ALL_TWINS) // a ZeRO stage that does not exist
+namespace case_9 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::sharded<st::zero<3>>>;
 #else
@@ -102,7 +130,10 @@ using plan = st::plan<st::sharded<st::zero<4>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 10 // a tensor-parallel degree of 0
+} // namespace case_9
+#endif
+#if STRATA_CASE == 10 || defined(STRATA_ALL_TWINS) // a tensor-parallel degree of 0
+namespace case_10 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<st::degree<1>>>;
 #else
@@ -110,7 +141,11 @@ using plan = st::plan<st::sharded<st::zero<1>>, st::tensor_parallel<st::degree<0
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 11 // tensor parallel: a vocabulary that does not divide by degree<N>
+} // namespace case_10
+#endif
+#if STRATA_CASE == 11 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // tensor parallel: a vocabulary that does not divide by degree<N>
+namespace case_11 {
 #ifdef STRATA_TWIN
 using model = st::models::static_gpt_model<float, 50260, 64, 64, 4, 2>;
 #else
@@ -119,7 +154,11 @@ using model = st::models::static_gpt_model<float, 50257, 64, 64, 4, 2>;
 using plan = st::plan<st::tensor_parallel<st::degree<4>>>;
 static_assert(sizeof(st::trainer<model, plan>) > 0);
 
-#elif STRATA_CASE == 12 // tensor parallel: heads that do not divide by degree<N>
+} // namespace case_11
+#endif
+#if STRATA_CASE == 12 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // tensor parallel: heads that do not divide by degree<N>
+namespace case_12 {
 #ifdef STRATA_TWIN
 using model = st::models::static_gpt_model<float, 256, 64, 48, 8, 2>;
 #else
@@ -128,7 +167,11 @@ using model = st::models::static_gpt_model<float, 256, 64, 48, 6, 2>;
 using plan = st::plan<st::data_parallel<>, st::tensor_parallel<st::degree<4>>>;
 static_assert(sizeof(st::trainer<model, plan>) > 0);
 
-#elif STRATA_CASE == 13 // sequence parallel: a sequence that does not divide by degree<N>
+} // namespace case_12
+#endif
+#if STRATA_CASE == 13 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // sequence parallel: a sequence that does not divide by degree<N>
+namespace case_13 {
 #ifdef STRATA_TWIN
 using model = st::models::static_gpt_model<float, 256, 12, 64, 4, 2, true>;
 #else
@@ -137,7 +180,10 @@ using model = st::models::static_gpt_model<float, 256, 10, 64, 4, 2, true>;
 using plan = st::plan<st::tensor_parallel<st::degree<4>>>;
 static_assert(sizeof(st::trainer<model, plan>) > 0);
 
-#elif STRATA_CASE == 14 // degree<N> named twice
+} // namespace case_13
+#endif
+#if STRATA_CASE == 14 || defined(STRATA_ALL_TWINS) // degree<N> named twice
+namespace case_14 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::tensor_parallel<st::degree<4>>>;
 static_assert(plan::descriptor().tensor_parallel.degree == 4);
@@ -146,7 +192,11 @@ using plan = st::plan<st::tensor_parallel<st::degree<4>, st::degree<2>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 15 // a hand-written model's tp_dims: the MLP's hidden width
+} // namespace case_14
+#endif
+#if STRATA_CASE == 15 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // a hand-written model's tp_dims: the MLP's hidden width
+namespace case_15 {
 // The sequence does not divide by 8 in either: without sequence parallel it is not checked.
 struct ffn_model {
   using value_type = float;
@@ -162,7 +212,10 @@ struct ffn_model {
 using plan = st::plan<st::tensor_parallel<st::degree<8>>>;
 static_assert(sizeof(st::trainer<ffn_model, plan>) > 0);
 
-#elif STRATA_CASE == 16 // an option tensor_parallel does not know
+} // namespace case_15
+#endif
+#if STRATA_CASE == 16 || defined(STRATA_ALL_TWINS) // an option tensor_parallel does not know
+namespace case_16 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::tensor_parallel<>>;
 static_assert(plan::descriptor().tensor_parallel.degree == 0);
@@ -171,7 +224,10 @@ using plan = st::plan<st::tensor_parallel<st::stages<2>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 18 // two recompute policies
+} // namespace case_16
+#endif
+#if STRATA_CASE == 18 || defined(STRATA_ALL_TWINS) // two recompute policies
+namespace case_18 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::recompute::selective, st::data_parallel<>>;
 static_assert(plan::descriptor().recompute.selective);
@@ -180,7 +236,10 @@ using plan = st::plan<st::recompute::full, st::data_parallel<>, st::recompute::s
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 19 // recompute::every<0>
+} // namespace case_18
+#endif
+#if STRATA_CASE == 19 || defined(STRATA_ALL_TWINS) // recompute::every<0>
+namespace case_19 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::recompute::every<2>>;
 static_assert(plan::descriptor().recompute.every == 2);
@@ -189,7 +248,10 @@ using plan = st::plan<st::recompute::every<0>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 20 // two precision policies
+} // namespace case_19
+#endif
+#if STRATA_CASE == 20 || defined(STRATA_ALL_TWINS) // two precision policies
+namespace case_20 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::precision::bf16, st::data_parallel<>>;
 static_assert(plan::descriptor().precision.kind == 1);
@@ -198,7 +260,11 @@ using plan = st::plan<st::precision::bf16, st::data_parallel<>, st::precision::f
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 21 // reduce<float> under fp32 (whose gradients reduce in f32 already)
+} // namespace case_20
+#endif
+#if STRATA_CASE == 21 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // reduce<float> under fp32 (whose gradients reduce in f32 already)
+namespace case_21 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::precision::reduce<float>, st::sharded<st::zero<2>>, st::precision::fp16>;
 static_assert(plan::descriptor().precision.reduce_f32 && plan::descriptor().precision.kind == 2);
@@ -207,7 +273,11 @@ using plan = st::plan<st::precision::reduce<float>, st::sharded<st::zero<2>>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 22 // a model built in bf16 under the default (fp32) precision
+} // namespace case_21
+#endif
+#if STRATA_CASE == 22 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // a model built in bf16 under the default (fp32) precision
+namespace case_22 {
 #ifdef STRATA_TWIN
 using trainer = st::trainer<st::models::gpt_model<st::bf16>, st::plan<st::precision::bf16>>;
 static_assert(std::is_same_v<trainer::master_type, float>);
@@ -216,7 +286,11 @@ using trainer = st::trainer<st::models::gpt_model<st::bf16>, st::plan<>>;
 #endif
 constexpr std::size_t size = sizeof(trainer);
 
-#elif STRATA_CASE == 23 // a 16-bit policy with a model that cannot be rebuilt in 16 bits
+} // namespace case_22
+#endif
+#if STRATA_CASE == 23 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // a 16-bit policy with a model that cannot be rebuilt in 16 bits
+namespace case_23 {
 template <class T>
 struct fixed_model { // builds float layers only: no rebind<U>()
   using value_type = T;
@@ -229,7 +303,10 @@ using trainer = st::trainer<fixed_model<float>, st::plan<st::precision::bf16>>;
 #endif
 constexpr std::size_t size = sizeof(trainer);
 
-#elif STRATA_CASE == 24 // offload of a policy that recomputes no layer
+} // namespace case_23
+#endif
+#if STRATA_CASE == 24 || defined(STRATA_ALL_TWINS) // offload of a policy that recomputes no layer
+namespace case_24 {
 #ifdef STRATA_TWIN
 using plan = st::plan<st::recompute::offload<st::recompute::every<2>>>;
 static_assert(plan::descriptor().recompute.offload && plan::descriptor().recompute.every == 2);
@@ -238,7 +315,10 @@ using plan = st::plan<st::recompute::offload<st::recompute::selective>>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 25 // a user's strategy over a mesh axis another option already uses
+} // namespace case_24
+#endif
+#if STRATA_CASE == 25 ||                                                                           \
+    defined(STRATA_ALL_TWINS) // a user's strategy over a mesh axis another option already uses
 struct my_strategy {};
 template <>
 struct st::option_traits<my_strategy> {
@@ -260,7 +340,8 @@ using plan = st::plan<st::data_parallel<>, my_strategy>;
 #endif
 constexpr auto d = plan::descriptor();
 
-#elif STRATA_CASE == 17 // no compile-time half: built and run (run_case.cmake's EXPECT=run)
+#endif
+#if STRATA_CASE == 17 // no compile-time half: built and run (run_case.cmake's EXPECT=run)
 // What the compiler cannot see is checked at construction. A mesh whose tp differs from degree<N>
 // is refused with both numbers; a static_gpt_model whose config was changed after construction is
 // refused at build.

@@ -1,11 +1,15 @@
 # Compiles SOURCE (plans.cpp, layers.cpp) for one case: EXPECT=fail must fail with a message
 # matching REGEX (and NUMBERS, when given; with FIRST_ERROR, REGEX must match the first error
-# line); EXPECT=pass (the twin) must compile, -fsyntax-only: nothing is linked; EXPECT=run is
+# line); EXPECT=pass (the twin; CASE=twins: all of them in one compile) must compile,
+# -fsyntax-only: nothing is linked; EXPECT=run is
 # linked into BINARY and run, and must exit 0.
 separate_arguments(flags UNIX_COMMAND "${FLAGS}")
 set(defs -DSTRATA_CASE=${CASE})
 if(EXPECT STREQUAL "pass")
   list(APPEND defs -DSTRATA_TWIN)
+  if(CASE STREQUAL "twins") # every twin of the source at once, each in its namespace
+    set(defs -DSTRATA_CASE=0 -DSTRATA_ALL_TWINS -DSTRATA_TWIN)
+  endif()
 endif()
 if(EXPECT STREQUAL "run")
   execute_process(
