@@ -85,6 +85,7 @@ struct options {
   std::size_t generate = 0; // tokens to generate after training
   double temperature = 0;   // 0: greedy
   std::string prompt;       // empty: the start of the validation text
+  bool tie = false;         // the head reads the token table (GPT-2's tied embeddings)
 };
 
 [[noreturn]] void usage(std::string const& why) {
@@ -97,7 +98,7 @@ struct options {
                "[--steps N] [--batch B] [--seq T] "
                "[--layers L] [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N] "
                "[--csv FILE] [--svg FILE] [--expect-margin NATS] [--generate N] "
-               "[--temperature T] [--prompt TEXT]\n",
+               "[--temperature T] [--prompt TEXT] [--tie-embeddings 0|1]\n",
                why.c_str());
   std::exit(2);
 }
@@ -176,6 +177,8 @@ options parse(int argc, char** argv) {
       number(o.generate);
     else if (a == "--temperature")
       number(o.temperature);
+    else if (a == "--tie-embeddings")
+      o.tie = one_of({"0", "1"}) == "1";
     else if (a == "--prompt")
       o.prompt = v;
     else if (a == "--csv")
@@ -437,8 +440,12 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
   double const entropy = data.entropy;
   std::size_t const tp = static_cast<std::size_t>(o.tp);
   std::size_t const vocab = (data.vocab + tp - 1) / tp * tp; // padded for the tp split
-  st::models::gpt_model<float> const model{
-      {.vocab = vocab, .seq = o.seq, .features = o.features, .heads = o.heads, .layers = o.layers}};
+  st::models::gpt_model<float> const model{{.vocab = vocab,
+                                            .seq = o.seq,
+                                            .features = o.features,
+                                            .heads = o.heads,
+                                            .layers = o.layers,
+                                            .tie_embeddings = o.tie}};
   st::optim::warmup_cosine_schedule const schedule(
       {.max_lr = o.lr,
        .min_lr = o.lr / 10,

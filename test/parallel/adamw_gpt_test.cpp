@@ -67,3 +67,17 @@ TEST_CASE("f32 AdamW on the GPT with parameter groups, under every strategy",
       st::test::check_parity<st::plan<st::tensor_parallel<>>>(2, gpt, o, {.tp = 2}));
   st::test::require_ok(st::test::check_parity<pipe>(2, gpt, o, {.pp = 2}));
 }
+
+// Tied embeddings (issue 19): the head reads the token table. ZeRO-3 gathers each member where
+// its layer runs and sums their shards' gradients over dp; the pipeline holds the members on
+// its first and last stage and sums them over the stages. The other strategies and layouts:
+// the hybrid matrix (parallel.hybrid.parity).
+TEST_CASE("f32 AdamW on the GPT with tied embeddings: zero<3> and 1F1B",
+          "[parallel][parity][adamw32][tie]") {
+  auto g = gpt;
+  g.config.tie_embeddings = true;
+  using pipe = st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
+  st::test::require_ok(
+      st::test::check_parity<st::plan<st::sharded<st::zero<3>>>>(2, g, adamw, {.dp = 2}));
+  st::test::require_ok(st::test::check_parity<pipe>(2, g, adamw, {.pp = 2}));
+}

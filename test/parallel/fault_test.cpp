@@ -456,6 +456,42 @@ TEST_CASE("the harness catches parameter groups ignored inside a ZeRO shard",
   CHECK(bad.param > 1); // the first gradients are right; the updates are not
 }
 
+// (10) Tied embeddings: the tie operation removed, so each member keeps its own layer's part of
+// the gradient (the token table its lookups', the head its logits'); under a pipeline the
+// members sit on the first and the last stage.
+template <class T>
+class dropped_tie_fault final : public eng::pass<T> {
+public:
+  std::string_view name() const noexcept override { return "fault: tie dropped"; }
+  void rewrite(eng::program& p, std::uint16_t) override {
+    std::size_t const at = p.find(op_code::tie);
+    if (at == p.ops.size())
+      not_applied(std::string(name()));
+    p.ops.erase(p.ops.begin() + static_cast<std::ptrdiff_t>(at));
+  }
+};
+
+TEST_CASE("the harness catches tied embeddings' gradients left unsummed",
+          "[parallel][faults][parity][tie]") {
+  auto g = gpt;
+  g.config.tie_embeddings = true;
+  auto const fault = st::test::parity_fault::of<dropped_tie_fault>();
+  auto const check = [](st::test::parity_report const& r) {
+    CHECK(r.grad > 1);
+    CHECK_THAT(r.message, Contains("head.weight: first gradient differs"));
+    CHECK_THAT(r.message, Contains("embed.wte.weight: first gradient differs"));
+  };
+  SECTION("dp 2 x pp 2, 1F1B: the members on the first and the last stage") {
+    using plan =
+        st::plan<st::data_parallel<>, st::pipeline_parallel<st::one_f_one_b, st::micro_batches<4>>>;
+    check(caught<plan>("tie dropped (dp 2 x pp 2)", g, fault, {.dp = 2, .pp = 2}));
+  }
+  SECTION("ZeRO-2 on dp 4: each rank a shard of each member") {
+    check(caught<st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>>>("tie dropped (zero-2)",
+                                                                           g, fault, {.dp = 4}));
+  }
+}
+
 TEST_CASE("the harness catches tp attention dropout keyed by the local head index",
           "[parallel][faults][parity][tp]") {
   auto g = gpt;

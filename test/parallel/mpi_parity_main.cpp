@@ -114,6 +114,17 @@ int main(int argc, char** argv) {
              st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<8>>>>(
              world, gpt8, {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .seed = s},
              pp_n));
+    // Tied embeddings (issue 19): the token table on the first process, the head on the last,
+    // their gradients summed over the pipeline's processes.
+    {
+      auto tied8 = gpt8;
+      tied8.config.tie_embeddings = true;
+      line("gpt8 f64 1f1b m8 sgd, tied embeddings",
+           st::test::check_parity<
+               st::plan<st::pipeline_parallel<st::one_f_one_b, st::micro_batches<8>>>>(
+               world, tied8,
+               {.sequences = 8, .seq = 8, .optimizer = parity_optimizer::sgd, .seed = s}, pp_n));
+    }
     line("gpt8 f64 interleaved v2 m8",
          st::test::check_parity<
              st::plan<st::pipeline_parallel<st::interleaved<2>, st::micro_batches<8>>>>(
@@ -216,6 +227,18 @@ int main(int argc, char** argv) {
                                          .lr = 1e-2,
                                          .seed = s,
                                          .groups = st::test::mixed_groups()}));
+      // Tied embeddings (issue 19): each process a shard of both members, summed over dp.
+      {
+        auto tied = gpt;
+        tied.config.tie_embeddings = true;
+        line((z + "gpt f32 sgd, tied embeddings").c_str(),
+             st::test::check_parity<zero>(world, tied,
+                                          {.sequences = b,
+                                           .seq = 8,
+                                           .optimizer = parity_optimizer::sgd,
+                                           .lr = 1e-2,
+                                           .seed = s}));
+      }
       if (n == 4)
         line((z + "gpt8 f64 dp2 x pp2 1f1b m4").c_str(),
              st::test::check_parity<

@@ -59,6 +59,9 @@ private:
     case op_code::backward:
       s.run_backward(o);
       break;
+    case op_code::tie:
+      s.run_tie();
+      break;
     case op_code::clip:
       s.run_clip();
       break;

@@ -234,7 +234,8 @@ public:
         continue;
       std::uint32_t const g = i < param_group.size() ? param_group[i] : 0;
       push(at, lo, true, pad_group(at, g)); // padding before it
-      push(lo, hi, !skip_replicated_in_norm || e.p->sharded(), g);
+      // A tied copy is counted once, as its primary.
+      push(lo, hi, (!skip_replicated_in_norm || e.p->sharded()) && !e.p->tie_copy(), g);
       at = hi;
       last = g;
     }
@@ -292,13 +293,14 @@ public:
     }
   }
 
-  /// Gives each parameter its group (the rules run here, once).
+  /// Gives each parameter its group (the rules run here, once); a tied copy is matched as its
+  /// primary (name and kind), so the members of a set are in one group.
   void assign_groups() {
     param_group.assign(params.size(), 0);
     for (std::size_t i = 0; i < params.size(); ++i) {
       auto const& p = *params[i].p;
       param_group[i] = static_cast<std::uint32_t>(
-          groups.group_of({p.name(), p.kind(), p.full_shape(), params[i].layer}));
+          groups.group_of({p.init_name(), p.kind(), p.full_shape(), params[i].layer}));
     }
   }
 

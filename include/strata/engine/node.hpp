@@ -273,6 +273,13 @@ private:
 ///   add(l)    a layer (nn::layer) from activations to activations.
 ///   loss(l)   the end: forward(ctx, logits, targets, saved) -> mean loss, backward(ctx,
 ///             logits, targets, saved, dlogits, dloss). Exactly one, last.
+///   tie(primary, copy)  after both layers are added: the parameter named `copy` is the
+///             parameter named `primary`, read by a second layer (GPT-2's output head reading
+///             the token embedding). Each layer keeps its own member; they start equal (the
+///             copy is initialised by the primary's name), are in one parameter group, and
+///             each step every member gets the sum of their gradients (engine::state's tie
+///             operation, before the clip): the gradient of the tied tensor. Under a pipeline
+///             the members may sit on different stages (Megatron's embedding group).
 /// The engine calls build() with parameter storage deferred (nn::deferred_parameters):
 /// constructing a layer allocates no parameters, so a rank builds the whole model's
 /// description and keeps only the layers it owns (pipeline stages).
@@ -316,6 +323,76 @@ public:
     loss_ = std::make_unique<detail::loss_node<U, T>>(std::move(l));
   }
 
+  /// Declares that parameter `copy` is parameter `primary`, read by a later layer (see the
+  /// class comment). Both must exist (in layers added already), in different layers, with
+  /// the same logical shape, tensor-parallel split and init rule; a parameter ties at most
+  /// once. Throws config_error naming both otherwise.
+  void tie(std::string const& primary, std::string const& copy) {
+    std::string const who = "strata: model_builder::tie(\"" + primary + "\", \"" + copy + "\"): ";
+    auto find = [&](std::string const& n) -> param_meta const& {
+      for (auto const& m : meta_)
+        if (m.name == n)
+          return m;
+      throw config_error(who + "no parameter is named \"" + n +
+                         "\" among the layers added so far: tie after adding both layers, by "
+                         "full parameter names (\"embed.wte.weight\")");
+    };
+    param_meta const& a = find(primary);
+    param_meta const& c = find(copy);
+    if (a.layer == c.layer)
+      throw config_error(who + "both are in layer \"" + info_[a.layer].name +
+                         "\": a tie joins parameters of two layers");
+    auto shape = [](std::vector<std::size_t> const& v) {
+      std::string r = "[";
+      for (std::size_t i = 0; i < v.size(); ++i)
+        r += (i ? ", " : "") + std::to_string(v[i]);
+      return r + "]";
+    };
+    if (a.shape != c.shape)
+      throw config_error(who + "shapes " + shape(a.shape) + " and " + shape(c.shape) +
+                         " differ: tied parameters hold one tensor (a head [vocab, features] "
+                         "ties to a token table [vocab, features])");
+    if (a.shard.dim != c.shard.dim || a.shard.parts != c.shard.parts ||
+        a.shard.index != c.shard.index)
+      throw config_error(who + "their tensor-parallel splits differ (dimension " +
+                         std::to_string(a.shard.dim) + " in " + std::to_string(a.shard.parts) +
+                         " against dimension " + std::to_string(c.shard.dim) + " in " +
+                         std::to_string(c.shard.parts) +
+                         "): split both alike (the vocab-parallel table and the column-parallel "
+                         "head both split the vocabulary)");
+    if (a.rule.what != c.rule.what || a.rule.stddev != c.rule.stddev)
+      throw config_error(who + "their init rules differ: give the copy the primary's");
+    for (auto const& t : ties_) {
+      std::string const* n = copy == t.copy || copy == t.primary ? &copy
+                             : primary == t.copy                 ? &primary
+                                                                 : nullptr;
+      if (n != nullptr)
+        throw config_error(who + "\"" + *n + "\" is tied already (\"" + t.copy + "\" to \"" +
+                           t.primary + "\"): tie every copy to one primary, once");
+    }
+    ties_.push_back({primary, copy, a.kind, a.size});
+  }
+
+  /// A tie: the primary's name, the copy's, the primary's kind and its element count on this
+  /// rank (the tensor-parallel shard's).
+  struct tie_info {
+    std::string primary, copy;
+    nn::parameter_kind kind;
+    std::size_t local_size;
+  };
+  std::vector<tie_info> const& ties() const noexcept { return ties_; }
+  /// Marks the kept layers' tied parameters (nn::parameter::set_tie): the engine calls it
+  /// once the model is built.
+  void mark_ties() {
+    for (auto& n : nodes_)
+      if (n)
+        n->for_each_parameter([&](nn::parameter<T>& p) {
+          for (auto const& t : ties_)
+            if (p.name() == t.primary || p.name() == t.copy)
+              p.set_tie(t.primary, t.kind);
+        });
+  }
+
   /// Every layer's description, in order (kept layers hold a node, others null).
   struct layer_info {
     std::string name;
@@ -338,8 +415,24 @@ private:
                          "\" after the loss \"" + std::string(loss_->name()) +
                          "\": the loss comes last");
   }
+  // What tie() checks of every parameter, kept or not.
+  struct param_meta {
+    std::string name;
+    std::size_t layer;
+    std::vector<std::size_t> shape; // logical
+    nn::shard_spec shard;
+    nn::init_rule rule;
+    nn::parameter_kind kind;
+    std::size_t size; // this rank's shard
+  };
+
   void push(std::unique_ptr<node<T>> n) {
     std::size_t const i = info_.size();
+    n->for_each_parameter([&](nn::parameter<T>& p) {
+      auto const full = p.full_shape();
+      meta_.push_back({p.name(), i, std::vector<std::size_t>(full.begin(), full.end()), p.shard(),
+                       p.rule(), p.kind(), p.size()});
+    });
     info_.push_back({std::string(n->name()), n->kind(), n->in_features(), n->out_features(),
                      n->parameter_count(), n->input_row_split(), n->output_row_split()});
     nodes_.push_back(!keep_ || keep_(i) ? std::move(n) : nullptr);
@@ -347,6 +440,8 @@ private:
 
   std::function<bool(std::size_t)> keep_;
   std::vector<layer_info> info_;
+  std::vector<param_meta> meta_;
+  std::vector<tie_info> ties_;
   nn::tp_group const* tp_ = nullptr;
   std::vector<std::unique_ptr<node<T>>> nodes_;
   std::unique_ptr<node<T>> loss_;

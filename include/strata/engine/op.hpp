@@ -23,14 +23,16 @@ enum class op_code : std::uint8_t {
   gather,     // materialise sharded parameters (ZeRO-3)
   free,       // release gathered parameters or saved activations
   custom,     // anything else a pass runs
+  // the engine's again, inserted by the trainer after the passes' rewrites
+  tie, // tied parameters' gradients summed (before the clip, after every reduction)
 };
 
-inline constexpr int op_code_count = 13;
+inline constexpr int op_code_count = 14;
 
 constexpr std::string_view name_of(op_code c) noexcept {
   constexpr std::string_view names[op_code_count] = {
       "zero_grad", "forward",    "loss", "backward", "clip", "optimizer_step", "send",
-      "recv",      "collective", "wait", "gather",   "free", "custom"};
+      "recv",      "collective", "wait", "gather",   "free", "custom",         "tie"};
   return names[static_cast<int>(c)];
 }
 
@@ -76,6 +78,14 @@ struct op {
   constexpr bool completes_grads() const noexcept { return has(grads_complete); }
 };
 
+/// Whether o ends the backward: the engine's first operation after it, which every gradient
+/// reduction and pipeline transfer must finish before — the tie sum (op_code::tie) when the
+/// model has tied parameters, the clip otherwise. A pass inserts its last waits before the
+/// first operation of a program for which this holds.
+constexpr bool ends_backward(op const& o) noexcept {
+  return o.owner == engine_owner && (o.code == op_code::tie || o.code == op_code::clip);
+}
+
 /// An operation a pass inserts: its code, its owner (the pass's id), the owner's argument and
 /// the owner's kind of operation.
 constexpr op pass_op(op_code code, std::uint16_t owner, std::uint32_t arg = 0,
@@ -107,6 +117,7 @@ constexpr op_category category_of(op_code c) noexcept {
   case op_code::collective:
   case op_code::wait:
   case op_code::gather:
+  case op_code::tie:
     return op_category::communication;
   default:
     return op_category::other;

@@ -16,6 +16,7 @@
 #include <strata/engine/optimizer.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/engine/step_values.hpp>
+#include <strata/engine/ties.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/detail/workspace.hpp>
@@ -125,6 +126,7 @@ private:
 ///   values()       the step's values: batch, counts, scale, norm, skip (step_values);
 ///   settings()     what the run is configured with (run_settings);
 ///   reductions()   the loss, norm and vote service (reductions);
+///   ties()         tied parameters' gradient sums (tied_gradients);
 ///   context()      the device's compute and communication queues (execution_context).
 /// The engine's own operations (forward, loss, backward, zero_grad, clip, optimizer_step)
 /// are its member functions. Device is where the flat buffers live; every memory operation
@@ -154,6 +156,8 @@ public:
   run_settings const& settings() const noexcept { return settings_; }
   engine::reductions& reductions() noexcept { return reductions_; }
   engine::reductions const& reductions() const noexcept { return reductions_; }
+  tied_gradients<T>& ties() noexcept { return ties_; }
+  tied_gradients<T> const& ties() const noexcept { return ties_; }
   /// The compute and communication queues of this rank's device.
   execution_context<Device>& context() noexcept { return context_; }
 
@@ -177,12 +181,15 @@ public:
 
   /// Takes the builder's model_.nodes; `model_.chunks` says which model_.layers this rank runs.
   void adopt(model_builder<T>& b, std::vector<chunk_layers> chunk_list) {
+    b.mark_ties();
+    ties_.adopt(b.ties());
     model_.layers = b.info();
     model_.nodes = std::move(b.nodes());
     if (b.loss_node())
       model_.loss_name = std::string(b.loss_node()->name());
     model_.loss = std::move(b.loss_node());
     model_.chunks = std::move(chunk_list);
+
     if (model_.layers.empty())
       throw config_error("strata: the model has no model_.layers: its build() must add some");
     if (!model_.loss_name.size())
@@ -482,6 +489,9 @@ public:
     values_.skip_step = false;
   }
 
+  /// The tied parameters' gradients summed (tied_gradients::run).
+  void run_tie() { ties_.run(); }
+
   /// The gradient checks and their vote (a policy's: fp16 overflow), then the global norm
   /// and the clip factor. The loss scale is divided out of the norm and into grad_scale.
   void run_clip() {
@@ -590,6 +600,7 @@ private:
   step_values<T> values_;
   run_settings settings_;
   engine::reductions reductions_;
+  tied_gradients<T> ties_;
   execution_context<Device> context_;
   std::unique_ptr<optimizer_slot<master_type>> optimizer_;
   std::function<void(state&)> gradient_hook_;

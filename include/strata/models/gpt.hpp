@@ -40,12 +40,17 @@ struct gpt_config {
   /// The MLP's activation: gelu_tanh (GPT-2's, the default) or gelu_erf (PyTorch's
   /// nn.GELU(), as HF's "gelu" activation), or relu.
   nn::activation_kind activation = nn::activation_kind::gelu_tanh;
+  /// The output head reads the token embedding's table (GPT-2's and Megatron's tied
+  /// embeddings; engine::model_builder::tie): "head.weight" is a copy of "embed.wte.weight",
+  /// with the same values, and both get their summed gradient each step. Off by default.
+  bool tie_embeddings = false;
 };
 
 /// Layers: "embed" (input), "blocks.0" ... "blocks.<L-1>", "norm", "head" (no bias); loss
-/// "loss". The head is not tied to the token embedding. Dropouts, each keyed by its name, the
-/// seed, the step and the element's place in the step's global batch (so every layout draws
-/// one device's masks), all 0 by default: "embed.drop" on the embedding's output
+/// "loss". With tie_embeddings the head's weight is tied to the token table (both hold the
+/// [vocab, features] tensor, split alike over tp), else it is its own. Dropouts, each keyed by its
+/// name, the seed, the step and the element's place in the step's global batch (so every layout
+/// draws one device's masks), all 0 by default: "embed.drop" on the embedding's output
 /// (embd_dropout); in each block "blocks.<i>.attn.probs.drop" on the attention probabilities
 /// (attn_dropout, keyed by the logical head), "blocks.<i>.attn.drop" and "blocks.<i>.mlp.drop"
 /// on the residual branches (dropout). Under a tp group of size n (the builder's tp()): the
@@ -85,6 +90,8 @@ struct gpt_model {
     b.add(nn::layer_norm<T>("norm", c.features, tp, sp));
     b.add(nn::linear<T, C, nn::tp::column>("head", c.features, c.vocab, tp,
                                            {.bias = false, .sequence_parallel = sp}));
+    if (c.tie_embeddings)
+      b.tie("embed.wte.weight", "head.weight");
     b.loss(nn::softmax_cross_entropy<T, C, nn::tp::vocab>("loss", c.vocab, tp));
   }
 };

@@ -160,6 +160,8 @@ public:
     shard_ = std::exchange(o.shard_, shard_spec{});
     rule_ = o.rule_;
     kind_ = o.kind_;
+    tie_ = std::move(o.tie_);
+    tie_copy_ = std::exchange(o.tie_copy_, false);
     size_ = std::exchange(o.size_, 0);
     value_ = std::move(o.value_);
     grad_ = std::move(o.grad_);
@@ -178,6 +180,24 @@ public:
   parameter& set_kind(parameter_kind k) noexcept {
     kind_ = k;
     return *this;
+  }
+  /// Tied parameters (one tensor read by two layers, as GPT-2's input embedding and output
+  /// head): the name of the tied tensor (its primary's name), empty when not tied. A copy is
+  /// a second member of the set: it starts from the primary's values (init_name() is the
+  /// primary's name), joins the primary's parameter group, is left out of the gradient norm,
+  /// and gets the summed gradient of every member each step (engine::model_builder::tie).
+  std::string const& tie() const noexcept { return tie_; }
+  bool tied() const noexcept { return !tie_.empty(); }
+  bool tie_copy() const noexcept { return tie_copy_; }
+  /// The name its initial values are keyed by: its own, or a copy's primary's.
+  std::string const& init_name() const noexcept { return tie_copy_ ? tie_ : name_; }
+  /// Makes it a member of the tied set `primary` (its own name: the primary; another: a
+  /// copy, of kind `k`, the primary's).
+  void set_tie(std::string primary, parameter_kind k) {
+    tie_copy_ = primary != name_;
+    tie_ = std::move(primary);
+    if (tie_copy_)
+      kind_ = k;
   }
   /// How it is split (unsplit: dim = -1), the logical tensor's shape and element count.
   shard_spec const& shard() const noexcept { return shard_; }
@@ -210,6 +230,18 @@ public:
     for (std::size_t o = 0; o < outer; ++o)
       f(shard_run{o * full + shard_.index * local, o * local, local});
   }
+  /// Where element `full` of the logical tensor sits in this parameter (a position that
+  /// for_each_run covers).
+  std::size_t local_of(std::size_t full) const noexcept {
+    if (!shard_.split())
+      return full;
+    std::size_t at = 0;
+    for_each_run([&](shard_run const& r) {
+      if (full >= r.first && full < r.first + r.count)
+        at = r.offset + (full - r.first);
+    });
+    return at;
+  }
   /// Whether it has storage (its own or bound).
   bool bound() const noexcept { return v_ != nullptr; }
 
@@ -233,15 +265,16 @@ public:
   /// Fills the value with the logical tensor's initial values at this parameter's positions
   /// (a function of the name, the seed and the full tensor's element index only).
   void init(std::uint64_t seed) {
+    std::string const& key = init_name();
     if (!shard_.split()) {
-      init_values(values(), name_, rule_, seed, 0);
+      init_values(values(), key, rule_, seed, 0);
       return;
     }
     std::span<T> v = values();
     if (v.empty())
       return;
     for_each_run([&](shard_run const& r) {
-      init_values(v.subspan(r.offset, r.count), name_, rule_, seed, r.first);
+      init_values(v.subspan(r.offset, r.count), key, rule_, seed, r.first);
     });
   }
   void zero_grad() {
@@ -297,6 +330,8 @@ private:
   shard_spec shard_{};
   init_rule rule_{};
   parameter_kind kind_ = parameter_kind::weight;
+  std::string tie_;       // the tied set (its primary's name); empty: not tied
+  bool tie_copy_ = false; // a member other than the primary
   std::size_t size_ = 0;
   buffer<T> value_;
   buffer<T> grad_;

@@ -178,9 +178,11 @@ public:
   void rewrite(engine::program& p, std::uint16_t id) override {
     using engine::op;
     using engine::op_code;
+    bool ended = false; // the waits go before the first operation that ends the backward
     p.rewrite(
         [&](op const& o, std::vector<op>& out) {
-          if (o.code == op_code::clip) {
+          if (!ended && engine::ends_backward(o)) {
+            ended = true;
             if (!d_.overlap)
               for (std::uint32_t b = 0; b < buckets_.size(); ++b)
                 out.push_back(engine::pass_op(op_code::collective, id, b));

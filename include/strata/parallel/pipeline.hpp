@@ -145,6 +145,11 @@ public:
     // Every stage owns other parameters: the squared norms add up over the stages.
     s.reductions().add_norm_group(
         [this](double& sq) { pp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum); });
+    // Tied parameters' members may sit on different stages (the token table on the first,
+    // the head on the last): their gradients add up over the stages.
+    if (!s.ties().empty() && pp_->size() > 1)
+      s.ties().add_group(
+          [this](std::span<compute_t<T>> b) { pp_->all_reduce(b, comm::reduce_op::sum); });
   }
 
   // The table's transfers, then the loss summed over the stages at the very end (after the
@@ -293,7 +298,7 @@ private:
               out.push_back(group_op(next, &o));
             ++next;
           }
-          if (o.code == op_code::clip && !final_done) { // the last sends, before clipping
+          if (engine::ends_backward(o) && !final_done) { // the last sends, before the end
             if (!groups.back().ops.empty())
               out.push_back(group_op(row.actions.size(), nullptr));
             final_done = true;

@@ -97,8 +97,8 @@ public:
           r.flat, r.count, // the parameters' elements; padding keeps its zeros
           [&](std::uint32_t param, std::size_t first, std::size_t count, std::size_t at) {
             auto const* p = s.flat().params[param].p;
-            nn::init_values(std::span<M>(m + at, count), p->name(), p->rule(), s.settings().seed,
-                            first);
+            nn::init_values(std::span<M>(m + at, count), p->init_name(), p->rule(),
+                            s.settings().seed, first);
           });
     }
   }

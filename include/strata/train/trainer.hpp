@@ -623,6 +623,7 @@ private:
       e.p->init(options_.seed);
     for (auto& p : passes_)
       p->setup(state_);
+    state_.ties().setup(state_.flat(), *ledger_);
     state_.set_optimizer(optimizer(state_.flat().owned_size()));
     optimizer_bytes_ = state_.optimizer().state_bytes();
     ledger_->record_allocate(memory_kind::optimizer_state, optimizer_bytes_);
@@ -669,6 +670,11 @@ private:
       if (ps->schedule(m, training, entries))
         break;
     auto p = engine::program::from_schedule(entries, state_.model().chunks, m, training);
+    // Tied parameters: their gradients summed before the clip; the passes' reductions and
+    // transfers go before it (engine::ends_backward).
+    if (training && !state_.ties().empty())
+      p.ops.insert(p.ops.begin() + static_cast<std::ptrdiff_t>(p.find(engine::op_code::clip)),
+                   engine::op{engine::op_code::tie});
     for (std::size_t i = 0; i < passes_.size(); ++i) {
       if (training)
         passes_[i]->rewrite(p, static_cast<std::uint16_t>(i));

@@ -148,9 +148,10 @@ public:
     std::size_t const n_ops = p.ops.size();
     ops before(n_ops + 1), after(n_ops);
     for (std::size_t i = 0; i < n_ops; ++i)
-      if (is_engine(p.ops[i], engine::op_code::clip)) {
+      if (engine::ends_backward(p.ops[i])) { // the drain before the end of the backward
         before[i].push_back(mk(id, engine::op_code::wait, k_drain));
         before[i].push_back(mk(id, engine::op_code::collective, k_loss));
+        break;
       }
     plan_step(p, id, before, after);
     apply(p, before, after);
@@ -252,6 +253,10 @@ protected:
     s.flat().hold_grads = hold_grads;
     s.reductions().add_norm_group(
         [this](double& sq) { dp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum); });
+    // Each rank holds a shard of each tied member: the members' gradients add up over dp.
+    if (!s.ties().empty() && dp_->size() > 1)
+      s.ties().add_group(
+          [this](std::span<compute_t<T>> b) { dp_->all_reduce(b, comm::reduce_op::sum); });
     if (dp_->size() > 1)
       s.reductions().add_count_group(
           [this](double& c) { dp_->all_reduce(std::span<double>(&c, 1), comm::reduce_op::avg); });

@@ -57,7 +57,7 @@ public:
       for (std::size_t i = before; i < s.flat().value_pieces.size(); ++i) {
         auto const& pc = s.flat().value_pieces[i];
         auto* p = s.flat().params[pc.param].p;
-        nn::init_values(std::span<T>(const_cast<T*>(pc.data), pc.count), p->name(), p->rule(),
+        nn::init_values(std::span<T>(const_cast<T*>(pc.data), pc.count), p->init_name(), p->rule(),
                         s.settings().seed, pc.first);
       }
       s.flat().add_pieces(s.flat().grad_pieces, v.begin, v.count, grads);
