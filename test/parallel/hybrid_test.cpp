@@ -239,6 +239,26 @@ void tied_matrix(std::string const& strategy) {
   }
 }
 
+// Token-weighted batches (issue 19: padded sequences, an ignore index, loss masks of another
+// density on each dp rank) on the layouts the quick lines lack: sequence parallel on dp 2 x
+// tp 2 (2 micro-batches), interleaved 1F1B on dp 2 x tp 2 x pp 2.
+template <class Strategy>
+void masked_lines(std::string const& strategy) {
+  using flat = st::plan<Strategy, st::tensor_parallel<>, st::micro_batches<2>>;
+  using interleaved = st::plan<pipe_interleaved, st::tensor_parallel<>, Strategy>;
+  auto o = options;
+  o.mask_density = {0.5, 0.95};
+  {
+    INFO(strategy << ", masked, sequence parallel, dp 2 x tp 2");
+    st::test::require_ok(st::test::check_parity<flat>(4, gpt_sp, o, {.dp = 2, .tp = 2}));
+  }
+  {
+    INFO(strategy << ", masked, dp 2 x tp 2 x pp 2, interleaved 1F1B");
+    st::test::require_ok(
+        st::test::check_parity<interleaved>(8, gpt, o, {.dp = 2, .tp = 2, .pp = 2}));
+  }
+}
+
 } // namespace
 
 // f.template operator()<Strategy>(name) for each data-parallel strategy.
@@ -281,6 +301,11 @@ TEST_CASE("hybrid parity: zero<3> x tp x pp on 4 and 8 ranks", "[parallel][hybri
 TEST_CASE("hybrid parity: tied embeddings under every strategy x tp x pp",
           "[parallel][hybrid][tie]") {
   each_strategy([]<class S>(std::string const& what) { tied_matrix<S>(what); });
+}
+
+TEST_CASE("hybrid parity: masked tokens under sequence parallel and interleaved 1F1B",
+          "[parallel][hybrid][mask]") {
+  each_strategy([]<class S>(std::string const& what) { masked_lines<S>(what); });
 }
 
 TEST_CASE("hybrid parity with recompute::full, dp 2 x tp 2 x pp 2", "[parallel][hybrid]") {

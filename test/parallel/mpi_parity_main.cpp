@@ -162,6 +162,20 @@ int main(int argc, char** argv) {
          st::test::check_parity<tp>(world, gtp32, clip32, {.tp = n}));
     line(("gpt4 f64 adamw" + tpn + ", dropout 0.1").c_str(),
          st::test::check_parity<tp>(world, drop64, adamw64, {.tp = n}));
+    // Every GPT-2 dropout (issue 19: also the attention probabilities', keyed by the logical
+    // head, and the embedding's) with the erf GELU; token-weighted batches (padding, masks).
+    {
+      auto every64 = drop64;
+      every64.config.attn_dropout = 0.1;
+      every64.config.embd_dropout = 0.1;
+      every64.config.activation = st::nn::activation_kind::gelu_erf;
+      line(("gpt4 f64 adamw" + tpn + ", every dropout 0.1, erf GELU").c_str(),
+           st::test::check_parity<tp>(world, every64, adamw64, {.tp = n}));
+      auto masked = sgd32;
+      masked.mask_density = {0.6};
+      line(("gpt4 f32 sgd" + tpn + ", masked tokens").c_str(),
+           st::test::check_parity<tp>(world, gtp32, masked, {.tp = n}));
+    }
     auto sp32 = drop32;
     sp32.config.sequence_parallel = true;
     line(("gpt4 f32 sgd" + tpn + " sequence parallel, dropout 0.1, clipping active").c_str(),
