@@ -78,7 +78,10 @@ long allocations_in_later_steps(bool masked = false) {
     st::comm::mesh mesh(world, {.dp = 2});
     st::trainer<decltype(mlp), Plan> t(
         mesh, mlp, st::engine::use<st::optim::adamw<float>>(),
-        {.lr = [](std::int64_t) { return 1e-3; }, .clip = 1.0, .seed = seed});
+        {.lr = [](std::int64_t) { return 1e-3; },
+         .clip = 1.0,
+         .seed = seed,
+         .token_weighted = masked});
     std::vector<float> x(4 * 64);
     for (std::size_t i = 0; i < x.size(); ++i)
       x[i] = static_cast<float>(st::test::mix(seed + world.rank(), i) % 1000) * 1e-3f - 0.5f;

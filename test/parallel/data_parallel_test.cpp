@@ -375,7 +375,7 @@ TEST_CASE("a loss mask of ones trains bit for bit as no mask", "[parallel][ddp][
     for (auto* run : {&b, &ones}) {
       st::trainer<st::models::gpt_model<double>, ddp_acc2> t(
           mesh, mask_gpt, eng::use<st::optim::sgd<double>>({.momentum = 0.9}),
-          {.lr = st::test::constant_lr(0.05), .seed = 7});
+          {.lr = st::test::constant_lr(0.05), .seed = 7, .token_weighted = run == &ones});
       for (std::size_t k = 0; k < 4; ++k)
         (run == &b ? plain : masked)[4 * r + k] = t.step(run->slice(r, 2)).loss;
     }
@@ -392,7 +392,8 @@ TEST_CASE("a token-weighted batch with no counted token is an error naming the s
     st::comm::mesh mesh(world, {.dp = 2});
     auto const r = static_cast<std::size_t>(world.rank());
     st::trainer<st::models::gpt_model<double>, ddp> t(
-        mesh, mask_gpt, eng::use<st::optim::sgd<double>>(), {.lr = st::test::constant_lr(0.05)});
+        mesh, mask_gpt, eng::use<st::optim::sgd<double>>(),
+        {.lr = st::test::constant_lr(0.05), .token_weighted = true});
     t.step(b.slice(r, 2));
     // Step 2: rank 0 ignores every target, rank 1 masks every row: nothing counts globally.
     auto none = b;
@@ -411,28 +412,54 @@ TEST_CASE("a token-weighted batch with no counted token is an error naming the s
     CHECK_THAT(w, Contains("step 2") && Contains("no counted tokens"));
 }
 
-TEST_CASE("ignore-index targets without a loss mask are refused under data parallel",
+TEST_CASE("token-weighted batches under data parallel need trainer_options::token_weighted; "
+          "with it a rank may give a mask while another gives none",
           "[parallel][ddp][mask][errors]") {
   auto b = random_masked_batch(st::test::seed());
   b.targets[3] = st::nn::ignore_index;
-  // One rank: the local count is the global one.
-  st::trainer<st::models::gpt_model<double>> one(mask_gpt, eng::use<st::optim::sgd<double>>(),
+  auto const sgd = eng::use<st::optim::sgd<double>>();
+  // One rank: the local count is the global one, without the setting.
+  st::trainer<st::models::gpt_model<double>> one(mask_gpt, sgd,
                                                  {.lr = st::test::constant_lr(0.05)});
   CHECK(std::isfinite(one.step(b.slice(0, 1)).loss));
-  // dp 2, every rank with an ignore-index target: the step is refused before any collective.
-  b.targets[20] = st::nn::ignore_index;
+  // dp 2 without it: the rank whose batch is token-weighted refuses before any collective
+  // (rank 0: an ignore-index target; rank 1: none), and the other rank learns of its failure
+  // instead of waiting for a count that never comes.
   std::vector<std::string> what(2);
   st::comm::local::run(2, [&](st::comm::local::communicator& world) {
     st::comm::mesh mesh(world, {.dp = 2});
-    st::trainer<st::models::gpt_model<double>, ddp> t(
-        mesh, mask_gpt, eng::use<st::optim::sgd<double>>(), {.lr = st::test::constant_lr(0.05)});
+    st::trainer<st::models::gpt_model<double>, ddp> t(mesh, mask_gpt, sgd,
+                                                      {.lr = st::test::constant_lr(0.05)});
     auto const r = static_cast<std::size_t>(world.rank());
     try {
       t.step(b.slice(r, 2));
-    } catch (st::config_error const& e) {
+    } catch (std::exception const& e) {
       what[r] = e.what();
     }
   });
-  for (auto const& w : what)
-    CHECK_THAT(w, Contains("step 1") && Contains("no loss_mask"));
+  CHECK_THAT(what[0], Contains("step 1") && Contains("1 ignore-index targets") &&
+                          Contains("trainer_options::token_weighted"));
+  CHECK_FALSE(what[1].empty());
+  // With it: rank 0 gives a loss mask and an ignore-index target, rank 1 neither; the step is
+  // one rank's on the global batch with rank 1's rows all counted.
+  auto masked = b;
+  masked.mask.assign(b.targets.size(), 1.0f);
+  for (std::size_t i = 0; i < 16; i += 3)
+    masked.mask[i] = 0.0f;
+  std::vector<double> losses(2);
+  st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+    st::comm::mesh mesh(world, {.dp = 2});
+    st::trainer<st::models::gpt_model<double>, ddp> t(
+        mesh, mask_gpt, sgd, {.lr = st::test::constant_lr(0.05), .token_weighted = true});
+    auto const r = static_cast<std::size_t>(world.rank());
+    auto view = masked.slice(r, 2);
+    if (r == 1)
+      view.loss_mask = {};
+    losses[r] = t.step(view).loss;
+  });
+  st::trainer<st::models::gpt_model<double>> ref(mask_gpt, sgd,
+                                                 {.lr = st::test::constant_lr(0.05)});
+  double const want = ref.step(masked.slice(0, 1)).loss;
+  CHECK(losses[0] == Approx(want).epsilon(1e-12));
+  CHECK(losses[1] == losses[0]);
 }

@@ -357,6 +357,7 @@ parity_report check_parity(C& world, Model const& model, parity_options o,
   comm::mesh<C> mesh(world, shape);
   trainer_options ro = to;
   ro.micro_batches = o.micro_batches;
+  ro.token_weighted = !o.mask_density.empty();
   double const run_lr = o.lr * o.fault_lr_scale;
   ro.lr = [run_lr](std::int64_t) { return run_lr; };
   trainer<Model, Plan> run(mesh, model, detail::parity_optimizer_of<T>(o), ro);

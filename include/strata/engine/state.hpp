@@ -316,7 +316,8 @@ public:
   /// (one all-reduce of one double over the dp group), averaged over the ranks that split
   /// the batch: the micro-batch losses' normaliser (step_values::loss_norm), known before
   /// any backward. Host work over the targets and the mask; nothing for a batch without
-  /// either.
+  /// either unless settings().token_weighted (then every batch counts its rows). With count
+  /// groups (dp > 1) a mask or ignore-index targets need token_weighted.
   void count_tokens(batch_view<T> const& b) {
     std::size_t const rows = b.rows();
     bool const masked = !b.loss_mask.empty();
@@ -341,14 +342,19 @@ public:
         counted += 1;
       }
     }
-    if (!masked && ignored == 0)
+    bool const weighted = settings_.token_weighted;
+    if (!weighted && !masked && ignored == 0)
       return; // not token-weighted: every row counts, each micro-batch's mean as before
-    if (!masked && reductions_.has_count_groups())
-      throw config_error("strata: " + step_name() + ": the batch has " + std::to_string(ignored) +
-                         " ignore-index targets but no loss_mask while the batch is split over "
-                         "ranks: the ranks agree on a global token count through one "
-                         "all-reduce, which runs on the ranks whose batch has a loss_mask; give "
-                         "every rank's batch a loss_mask (1 where counted)");
+    if (!weighted && reductions_.has_count_groups())
+      // Refused here, before any collective: the count's all-reduce must run on every rank of
+      // the group or on none, which only a setting every rank shares decides.
+      throw config_error(
+          "strata: " + step_name() + ": the batch is token-weighted (" +
+          (masked ? std::string("a loss_mask")
+                  : std::to_string(ignored) + " ignore-index targets") +
+          ") and split over ranks, but trainer_options::token_weighted is off: set it on every "
+          "rank, so that every step's batch, masked or not, joins the one all-reduce of the "
+          "global token count");
     values_.counted = counted;
     double mean = counted;
     reductions_.reduce_count(mean);

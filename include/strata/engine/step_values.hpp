@@ -84,6 +84,9 @@ struct run_settings {
   std::size_t data_rank = 0;
   nn::tp_group const* tp = nullptr; // null: tp = 1
   bool recompute_attention = false; // selective recompute (layer_context)
+  // Every batch is token-weighted: its counted weight is all-reduced over the count groups
+  // each step on every rank, masked or not (trainer_options::token_weighted).
+  bool token_weighted = false;
 };
 
 /// Where passes register what they contribute to the step's shared scalars, so no pass

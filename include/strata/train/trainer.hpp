@@ -56,9 +56,16 @@ struct trainer_options {
   /// Learning rate of step k (from 1): a schedule such as optim::warmup_cosine_schedule, or
   /// any callable. Required.
   std::function<double(std::int64_t)> lr;
-  double clip = 0;               ///< max global gradient norm (torch's clip_grad_norm_); 0: none
-  bool grad_norm = false;        ///< compute the global gradient norm even without clipping
-  std::uint64_t seed = 0;        ///< parameter initialisation and dropout
+  double clip = 0;        ///< max global gradient norm (torch's clip_grad_norm_); 0: none
+  bool grad_norm = false; ///< compute the global gradient norm even without clipping
+  std::uint64_t seed = 0; ///< parameter initialisation and dropout
+  /// Token-weighted batches over data-parallel ranks: every step's loss is the mean over the
+  /// counted tokens of the global batch (a loss_mask's weights, rows whose target is not
+  /// nn::ignore_index), agreed through one all-reduce of the count a step on every rank, so a
+  /// rank may give a mask while another gives none. Required, on every rank, for a mask or
+  /// ignore-index targets when dp > 1 (refused otherwise, before any collective); one rank,
+  /// tp and pp alone count locally without it.
+  bool token_weighted = false;
   std::size_t micro_batches = 0; ///< 0: the plan's (1 unless it names micro_batches<M>)
   std::string label{};           ///< the memory ledger's name; empty: "rank <world rank>"
   /// Dynamic loss scaling under precision::fp16 (ignored otherwise).
@@ -615,6 +622,7 @@ private:
     settings.lr = options_.lr;
     settings.clip = options_.clip;
     settings.want_norm = options_.grad_norm;
+    settings.token_weighted = options_.token_weighted;
     state_.flat().groups = options_.groups;
     for (auto& p : passes_)
       p->configure(state_);
