@@ -232,3 +232,12 @@ TEST_CASE("feature rows that do not fit fail with the numbers", "[data][feature]
                     Contains("is not a strata feature file") && Contains("STRATAFR"));
   CHECK_THROWS_WITH(fd("/nonexistent/rows"), Contains("cannot open feature file"));
 }
+
+TEST_CASE("a loader of feature rows refuses mask_input_id", "[data][feature][errors]") {
+  std::vector<float> x(4 * 2, 0.5f);
+  std::vector<std::int32_t> y{0, 1, 0, 1};
+  auto const ds = sd::feature_dataset<float>::with_classes(x, 2, y, 2);
+  CHECK_THROWS_WITH(
+      sd::loader(ds, sd::distributed_sampler(ds.size(), 1, 0), {.batch = 2, .mask_input_id = 3}),
+      Contains("mask_input_id") && Contains("no token ids"));
+}

@@ -209,3 +209,30 @@ TEST_CASE("a loader that cannot make a batch fails at construction", "[data][loa
   CHECK_NOTHROW(
       sd::loader(ds, sd::distributed_sampler(10, 4, 0), {.batch = 4, .drop_last = false}));
 }
+
+TEST_CASE("mask_input_id gives each batch a loss mask: 0 where the input is that id",
+          "[data][loader]") {
+  std::uint64_t const k = td::key("loader eod mask");
+  std::size_t const t_count = 16, size = 40;
+  // Ids from a small vocabulary, so that the masked id occurs often.
+  std::vector<std::int32_t> ids(size * t_count + 1);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = static_cast<std::int32_t>(td::draw(k, i, 0, 7));
+  sd::token_dataset const ds(std::move(ids), t_count, 8);
+  sd::loader plain(ds, sd::distributed_sampler(ds.size(), 2, 1, {.seed = k}), {.batch = 3});
+  sd::loader masked(ds, sd::distributed_sampler(ds.size(), 2, 1, {.seed = k}),
+                    {.batch = 3, .mask_input_id = 5});
+  std::size_t zeros = 0;
+  for (std::size_t n = 0; n < 8; ++n) {
+    sd::token_batch const a = plain.next();
+    sd::token_batch const b = masked.next();
+    CHECK(a.loss_mask.empty());
+    REQUIRE(copy(a) == copy(b)); // the same samples
+    REQUIRE(b.loss_mask.size() == b.rows());
+    for (std::size_t r = 0; r < b.rows(); ++r) {
+      REQUIRE(b.loss_mask[r] == (b.tokens[r] == 5 ? 0.0f : 1.0f));
+      zeros += b.loss_mask[r] == 0.0f;
+    }
+  }
+  CHECK(zeros > 0);
+}

@@ -1,5 +1,7 @@
 // The engine: programs built from schedules (operations, flags, activation slots, rewriting),
 // and the one-rank trainer (flat layout, initialisation, evaluation, the trace, errors).
+#include <strata/data/loader.hpp>
+#include <strata/data/text_dataset.hpp>
 #include <strata/engine/program.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
@@ -247,4 +249,32 @@ TEST_CASE("a non-finite loss stops training with the step", "[engine][trainer]")
   st::trainer<decltype(m)> c(m, eng::use<st::optim::sgd<float>>(),
                              {.lr = st::test::constant_lr(0.1), .clip = 1.0});
   CHECK_THROWS_WITH(c.step(d.view(4)), Contains("gradient norm is not finite at step 1"));
+}
+
+TEST_CASE("a loader's masked token batch trains on its counted tokens only", "[engine][trainer]") {
+  std::uint64_t const seed = st::test::seed();
+  std::size_t const t_count = 8, vocab = 12;
+  std::vector<std::int32_t> ids(64 * t_count + 1);
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    ids[i] = i % 5 == 0 ? 3 : static_cast<std::int32_t>(st::test::mix(seed, i) % vocab);
+  st::data::token_dataset const ds(std::move(ids), t_count, vocab);
+  st::data::loader l(ds, st::data::distributed_sampler(ds.size(), 1, 0, {.seed = seed}),
+                     {.batch = 4, .mask_input_id = 3});
+  st::models::gpt_model<float> const g{
+      {.vocab = vocab, .seq = t_count, .features = 16, .heads = 2, .layers = 1}};
+  st::trainer<decltype(g)> t(g, eng::use<st::optim::sgd<float>>(),
+                             {.lr = st::test::constant_lr(0.05), .seed = seed});
+  auto const b = l.next();
+  REQUIRE(b.loss_mask.size() == b.rows());
+  // The loss the trainer reports is the mean of the per-token losses over the rows the mask
+  // counts (the rows whose input is id 3 do not).
+  auto const p = t.predict(b, {.top_k = 0, .losses = true});
+  double sum = 0, counted = 0;
+  for (std::size_t r = 0; r < b.rows(); ++r)
+    if (b.loss_mask[r] != 0.0f) {
+      sum += p.losses[r];
+      counted += 1;
+    }
+  REQUIRE(counted < static_cast<double>(b.rows()));
+  CHECK(t.evaluate(b) == Approx(sum / counted).epsilon(1e-5));
 }

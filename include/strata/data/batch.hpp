@@ -19,6 +19,8 @@ struct token_batch {
   std::span<std::int32_t const> targets; ///< B*T next-token ids: targets[r] follows tokens[r]
   std::uint64_t epoch = 0;               ///< the epoch every sample of the batch comes from
   std::uint64_t index = 0;               ///< which global batch of its epoch, from 0
+  /// One loss weight per row (loader_options::mask_input_id), empty: every row counts.
+  std::span<float const> loss_mask{};
 
   /// B*T: the rows a model sees.
   std::size_t rows() const noexcept { return sequences * seq; }
@@ -44,6 +46,8 @@ struct feature_batch {
   std::size_t value_width = 0;           ///< values per row (0 for class targets)
   std::uint64_t epoch = 0;               ///< the epoch every row of the batch comes from
   std::uint64_t index = 0;               ///< which global batch of its epoch, from 0
+  /// One loss weight per row (loader_options::mask_input_id), empty: every row counts.
+  std::span<float const> loss_mask{};
 
   /// B: the rows a model sees.
   std::size_t rows() const noexcept { return sequences * seq; }

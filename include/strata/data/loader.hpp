@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,6 +31,11 @@ concept loader_source = dataset<D> || row_dataset<D>;
 struct loader_options {
   std::size_t batch = 8; ///< samples (sequences or rows) per batch on this rank
   bool drop_last = true; ///< drop an epoch's last, short batch (else return it short)
+  /// Token samples: no loss where the input token is this id (Megatron's --eod-mask-loss with
+  /// the end-of-text id: the prediction made after a document's end, which is the next
+  /// document's first token, does not count). The batch then carries a loss_mask (0 there,
+  /// 1 elsewhere), a token-weighted batch (trainer_options::token_weighted under dp > 1).
+  std::optional<std::int32_t> mask_input_id{};
 };
 
 /// Everything a loader needs to continue where the job stood, on any number of ranks: the
@@ -78,12 +84,16 @@ template <dataset D>
 struct batch_slots<D> {
   using batch_type = token_batch;
 
-  batch_slots(D const& d, std::size_t batch)
-      : seq(d.sample_tokens()), tokens(batch * seq), targets(batch * seq) {}
+  batch_slots(D const& d, loader_options const& o)
+      : seq(d.sample_tokens()), tokens(o.batch * seq), targets(o.batch * seq),
+        mask_id(o.mask_input_id), mask(mask_id ? o.batch * seq : 0) {}
 
   void read(D const& d, std::size_t slot, std::size_t i) {
-    d.read(i, std::span<std::int32_t>(tokens).subspan(slot * seq, seq),
-           std::span<std::int32_t>(targets).subspan(slot * seq, seq));
+    std::span<std::int32_t> const in = std::span<std::int32_t>(tokens).subspan(slot * seq, seq);
+    d.read(i, in, std::span<std::int32_t>(targets).subspan(slot * seq, seq));
+    if (mask_id)
+      for (std::size_t j = 0; j < seq; ++j)
+        mask[slot * seq + j] = in[j] == *mask_id ? 0.0f : 1.0f;
   }
   token_batch view(std::size_t n, std::uint64_t epoch, std::uint64_t index) const noexcept {
     return {n,
@@ -91,11 +101,14 @@ struct batch_slots<D> {
             std::span<std::int32_t const>(tokens.data(), n * seq),
             std::span<std::int32_t const>(targets.data(), n * seq),
             epoch,
-            index};
+            index,
+            mask_id ? std::span<float const>(mask.data(), n * seq) : std::span<float const>()};
   }
 
   std::size_t seq;
   std::vector<std::int32_t> tokens, targets;
+  std::optional<std::int32_t> mask_id;
+  std::vector<float> mask;
 };
 
 template <row_dataset D>
@@ -103,10 +116,10 @@ requires(!dataset<D>) struct batch_slots<D> {
   using T = typename D::value_type;
   using batch_type = feature_batch<T>;
 
-  batch_slots(D const& d, std::size_t batch)
+  batch_slots(D const& d, loader_options const& o)
       : width(d.width()), value_width(d.value_width()),
-        class_n(d.target() == target_kind::classes ? 1 : 0), features(batch * width),
-        values(batch * value_width), targets(batch * class_n) {}
+        class_n(d.target() == target_kind::classes ? 1 : 0), features(o.batch * width),
+        values(o.batch * value_width), targets(o.batch * class_n) {}
 
   void read(D const& d, std::size_t slot, std::size_t i) {
     d.read(i, std::span<T>(features).subspan(slot * width, width),
@@ -157,7 +170,7 @@ public:
   /// drop_last leaves no batch in an epoch (per_rank() < batch).
   loader(Dataset const& ds, distributed_sampler sampler, loader_options options = {})
       : ds_(&ds), sampler_(std::move(sampler)), options_(check(ds, sampler_, options)),
-        slots_(ds, options_.batch) {}
+        slots_(ds, options_) {}
   loader(Dataset&&, distributed_sampler, loader_options = {}) = delete;
 
   /// The next batch of this rank: views of the loader's buffers, valid until the next call.
@@ -238,6 +251,11 @@ private:
                               loader_options options) {
     if (options.batch == 0)
       throw config_error("strata: a loader needs batch >= 1 samples per batch, got 0");
+    if constexpr (!dataset<Dataset>)
+      if (options.mask_input_id)
+        throw config_error("strata: loader_options::mask_input_id masks token samples' losses "
+                           "by their input id; a dataset of feature rows has no token ids: "
+                           "leave it unset");
     if (sampler.dataset_size() != ds.size())
       throw config_error("strata: the loader's sampler was made for " +
                          std::to_string(sampler.dataset_size()) + " samples but the dataset has " +

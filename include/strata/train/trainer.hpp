@@ -669,7 +669,7 @@ private:
   }
 
   static engine::batch_view<T> view_of(data::token_batch const& b) {
-    return {b.sequences, b.seq, b.tokens, {}, b.targets};
+    return {b.sequences, b.seq, b.tokens, {}, b.targets, b.loss_mask};
   }
 
   engine::program build(std::size_t m, bool training) {
