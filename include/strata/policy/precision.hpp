@@ -20,7 +20,8 @@ namespace strata {
 /// only copy it updates; each step rounds them to the 16-bit parameters. The master weights
 /// start as the f32 model's initial values exactly, so a bf16 run starts from the f32 run's
 /// weights. Gradients accumulate over micro-batches in the 16-bit type and are reduced in it
-/// (FSDP's MixedPrecision with reduce_dtype = param_dtype).
+/// (FSDP's MixedPrecision with reduce_dtype = param_dtype), unless the plan names
+/// precision::reduce<float> or precision::accumulate<float> beside the policy.
 namespace precision {
 /// The model's own type for everything (f32, or f64 for a model built in double). The default.
 struct fp32 {
