@@ -341,6 +341,19 @@ using plan = st::plan<st::data_parallel<>, my_strategy>;
 constexpr auto d = plan::descriptor();
 
 #endif
+#if STRATA_CASE == 26 || defined(STRATA_ALL_TWINS) // accumulate<float> under fp32
+namespace case_26 {
+#ifdef STRATA_TWIN
+using plan = st::plan<st::precision::accumulate<float>, st::data_parallel<>, st::precision::bf16>;
+static_assert(plan::descriptor().precision.accumulate_f32 &&
+              plan::descriptor().precision.kind == 1);
+#else
+using plan = st::plan<st::precision::accumulate<float>, st::data_parallel<>>;
+#endif
+constexpr auto d = plan::descriptor();
+
+} // namespace case_26
+#endif
 #if STRATA_CASE == 17 // no compile-time half: built and run (run_case.cmake's EXPECT=run)
 // What the compiler cannot see is checked at construction. A mesh whose tp differs from degree<N>
 // is refused with both numbers; a static_gpt_model whose config was changed after construction is

@@ -129,6 +129,13 @@ TEST_CASE("a mixed-precision data-parallel or ZeRO step allocates nothing from t
   CHECK(allocations_in_later_steps<st::plan<st::sharded<st::zero<3>, st::micro_batches<2>>,
                                             st::precision::fp16, st::precision::reduce<float>>>() ==
         0);
+  // f32 gradient accumulation: the f32 sums (and shard) are allocated once, at construction.
+  CHECK(allocations_in_later_steps<
+            st::plan<st::data_parallel<st::micro_batches<2>>, st::precision::bf16,
+                     st::precision::accumulate<float>>>() == 0);
+  CHECK(allocations_in_later_steps<
+            st::plan<st::sharded<st::zero<2>, st::micro_batches<2>>, st::precision::fp16,
+                     st::precision::accumulate<float>>>() == 0);
 }
 
 TEMPLATE_TEST_CASE("a sharded (ZeRO) step allocates nothing from the third step on",

@@ -325,7 +325,12 @@ gathered<T> gather(Trainer& tr, C& world, std::vector<std::string> const& names,
     for (std::size_t i = 0; i < s.size(); ++i)
       g.hi[it->second][first + i] = g.lo[it->second][first + i] = element_cast<T>(s[i]);
   };
-  if (grads)
+  bool main_grads = false; // precision::accumulate<float>: the f32 gradients the optimizer reads
+  if constexpr (requires { Trainer::accumulates_f32; })
+    main_grads = Trainer::accumulates_f32;
+  if (grads && main_grads)
+    tr.for_each_main_grad_piece(put);
+  else if (grads)
     tr.for_each_grad_piece(put);
   else
     tr.for_each_value_piece(put);

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,8 @@ struct grad16_report {
   std::string worst_tensor; ///< its name
   double loss_scale = 1;    ///< what the run's gradients were divided by (fp16)
   std::size_t tensors = 0;
+  std::vector<std::string> names; ///< the tensors, in registration order
+  std::vector<double> errors;     ///< each tensor's relative L2 error (not over tolerance)
   std::string message;
   std::string summary() const {
     char s[240];
@@ -55,7 +58,12 @@ struct grad16_report {
 /// whole batch, and compares the first gradients per tensor, gathered over the ranks that hold
 /// them, after dividing the run's by its loss scale. SGD, no clipping, lr o.lr. Every rank
 /// returns the same report.
-template <class Plan, engine::model Model, comm::communicator C>
+///
+/// RefPlan (one rank, no mesh; its own micro-batches) is the reference: plan<> (f32) by
+/// default; a 16-bit plan compares two 16-bit layouts. Either side's gradients are the f32
+/// ones its optimizer reads under precision::accumulate<float>. o.fault is inserted into the
+/// run's trainer.
+template <class Plan, class RefPlan = plan<>, engine::model Model, comm::communicator C>
 grad16_report check_first_gradients(C& world, Model const& model, parity_options o,
                                     comm::mesh_shape shape, double tolerance,
                                     double initial_scale = 1024) {
@@ -63,11 +71,13 @@ grad16_report check_first_gradients(C& world, Model const& model, parity_options
   to.loss_scaler.initial_scale = initial_scale;
   using T = typename Model::value_type;
   auto sgd = [] { return engine::use<optim::sgd<T>>({.momentum = 0.9}); };
-  trainer<Model> ref(model, sgd(), to);
+  trainer<Model, RefPlan> ref(model, sgd(), to);
   comm::mesh<C> mesh(world, shape);
   trainer_options ro = to;
   ro.micro_batches = o.micro_batches;
   trainer<Model, Plan> run(mesh, model, sgd(), ro);
+  if (o.fault)
+    run.insert_pass(o.fault.template make<typename trainer<Model, Plan>::value_type>());
 
   std::size_t const dp = static_cast<std::size_t>(mesh.shape().dp);
   std::size_t const d = static_cast<std::size_t>(mesh.coords().dp);
@@ -93,8 +103,19 @@ grad16_report check_first_gradients(C& world, Model const& model, parity_options
     names.push_back(p.name());
     sizes.push_back(p.size());
     auto s = p.grads();
-    g_ref.emplace_back(s.begin(), s.end());
+    auto& v = g_ref.emplace_back(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i)
+      v[i] = element_cast<double>(s[i]);
   });
+  if constexpr (trainer<Model, RefPlan>::accumulates_f32) {
+    std::map<std::string, std::size_t> index;
+    for (std::size_t t = 0; t < names.size(); ++t)
+      index[names[t]] = t;
+    ref.for_each_main_grad_piece([&](auto& p, std::size_t first, auto s) {
+      for (std::size_t i = 0; i < s.size(); ++i)
+        g_ref[index.at(p.name())][first + i] = s[i];
+    });
+  }
   auto g = detail::gather<double>(run, world, names, sizes, true);
   auto& hi = g.hi;
   auto& lo = g.lo;
@@ -118,6 +139,8 @@ grad16_report check_first_gradients(C& world, Model const& model, parity_options
       n2 += g_ref[t][i] * g_ref[t][i];
     }
     double const err = (n2 > 0 ? std::sqrt(d2 / n2) : std::sqrt(d2)) / tolerance;
+    rep.names.push_back(names[t]);
+    rep.errors.push_back(err * tolerance);
     if (!(err <= rep.worst)) { // NaN counts as worst
       rep.worst = err;
       rep.worst_tensor = names[t];
@@ -137,7 +160,7 @@ grad16_report check_first_gradients(C& world, Model const& model, parity_options
 }
 
 /// check_first_gradients on `ranks` threads of the in-process backend; rank 0's report.
-template <class Plan, engine::model Model>
+template <class Plan, class RefPlan = plan<>, engine::model Model>
 grad16_report check_first_gradients(int ranks, Model const& model, parity_options const& o,
                                     comm::mesh_shape shape, double tolerance) {
   grad16_report out;
@@ -145,7 +168,7 @@ grad16_report check_first_gradients(int ranks, Model const& model, parity_option
   comm::local::run(ranks, [&](comm::local::communicator& c) {
     parity_options oo = o;
     oo.seed = s;
-    auto r = check_first_gradients<Plan>(c, model, oo, shape, tolerance);
+    auto r = check_first_gradients<Plan, RefPlan>(c, model, oo, shape, tolerance);
     if (c.rank() == 0)
       out = std::move(r);
   });

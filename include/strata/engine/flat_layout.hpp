@@ -6,6 +6,7 @@
 
 #include <strata/core/buffer.hpp>
 #include <strata/core/device.hpp>
+#include <strata/core/element.hpp>
 #include <strata/core/memory.hpp>
 #include <strata/engine/node.hpp>
 #include <strata/engine/param_groups.hpp>
@@ -47,6 +48,9 @@ template <class T>
 struct owned_range {
   T* values = nullptr;
   T* grads = nullptr;
+  // precision::accumulate<float>: the f32 gradients (what the optimizer and the norm read;
+  // `grads` holds them rounded once); null otherwise.
+  compute_t<T>* wide = nullptr;
   std::size_t count = 0;
   std::size_t state_offset = 0;              // first element of the optimizer state it uses
   bool in_norm = true;                       // counted in the global gradient norm on this rank
@@ -101,16 +105,21 @@ public:
   // The rules giving each parameter its weight-decay and learning-rate multipliers (set by
   // the trainer before configure).
   param_groups groups = param_groups::standard();
+  // precision::accumulate<float>: lay_out allocates wide_grads beside a full gradient buffer,
+  // and the owned ranges point into it (a sharding pass that holds no full gradient buffer
+  // keeps an f32 shard of its own).
+  bool accumulate_wide = false;
 
   // ---- made by lay_out -------------------------------------------------------------------
   std::vector<parameter_entry<T>> params;                       // flat order
   std::vector<std::uint32_t> param_group;                       // groups' index, by params
   std::vector<std::pair<std::size_t, std::size_t>> layer_range; // flat [begin, end) by layer
-  buffer<T, Device> values, grads;   // the flat buffers (empty when a pass holds them sharded)
-  std::size_t flat_size = 0;         // flat elements: parameters, padding and tail
-  std::size_t tail_begin = 0;        // where the tail starts (the end of the last parameter)
-  std::vector<segment> segments;     // in flat order
-  std::vector<owned_range<T>> owned; // what this rank updates (lay_out: everything)
+  buffer<T, Device> values, grads; // the flat buffers (empty when a pass holds them sharded)
+  buffer<compute_t<T>, Device> wide_grads; // accumulate_wide and grads held: f32 gradients
+  std::size_t flat_size = 0;               // flat elements: parameters, padding and tail
+  std::size_t tail_begin = 0;              // where the tail starts (the end of the last parameter)
+  std::vector<segment> segments;           // in flat order
+  std::vector<owned_range<T>> owned;       // what this rank updates (lay_out: everything)
   // What this rank holds of the parameters' values and gradients, for reports and checks
   // (lay_out: every parameter whole; a sharding pass replaces them with its slices).
   std::vector<piece<T>> value_pieces, grad_pieces;
@@ -171,6 +180,11 @@ public:
     if (hold_grads) {
       grads = buffer<T, Device>(flat_size, memory_kind::gradients, ledger);
       clear(grads.data(), flat_size);
+      if (accumulate_wide) {
+        wide_grads = buffer<compute_t<T>, Device>(flat_size, memory_kind::gradients, ledger);
+        Device::fill_bytes(static_cast<void*>(wide_grads.data()), 0,
+                           flat_size * sizeof(compute_t<T>));
+      }
     }
     for (auto& e : params)
       e.p->bind(hold_values ? values.data() + e.offset : nullptr,
@@ -179,7 +193,8 @@ public:
     value_pieces.clear();
     grad_pieces.clear();
     if (hold_values && hold_grads)
-      add_owned(values.data(), grads.data(), 0, tail_begin, 0);
+      add_owned(values.data(), grads.data(), 0, tail_begin, 0,
+                wide_grads.size() ? wide_grads.data() : nullptr);
     if (hold_values)
       add_pieces(value_pieces, 0, flat_size, values.data());
     if (hold_grads)
@@ -201,9 +216,10 @@ public:
   /// gradients at `grads`, optimizer state from `state_offset`. One range per run of elements
   /// of one parameter group that are all counted in the norm or all not (when this rank leaves
   /// the parameters replicated over the tp group out of it; padding, whose gradients are 0,
-  /// is counted and joins the run before it).
+  /// is counted and joins the run before it). `wide_at`: the f32 gradients of
+  /// precision::accumulate<float>, beside grads_at (null without it).
   void add_owned(T* values_at, T* grads_at, std::size_t flat, std::size_t count,
-                 std::size_t state_offset) {
+                 std::size_t state_offset, compute_t<T>* wide_at = nullptr) {
     auto push = [&](std::size_t lo, std::size_t hi, bool counted, std::uint32_t g) {
       if (lo >= hi)
         return;
@@ -211,13 +227,15 @@ public:
       if (!owned.empty() && owned.back().in_norm == counted && owned.back().group == g &&
           owned.back().flat + owned.back().count == lo &&
           owned.back().values + owned.back().count == values_at + d &&
-          owned.back().grads + owned.back().count == grads_at + d) {
+          owned.back().grads + owned.back().count == grads_at + d &&
+          (!wide_at || owned.back().wide + owned.back().count == wide_at + d)) {
         owned.back().count += hi - lo;
         return;
       }
       auto const& settings = groups.group(g);
-      owned.push_back({values_at + d, grads_at + d, hi - lo, state_offset + d, counted, lo, g,
-                       settings.lr_mult, settings.weight_decay_mult});
+      owned.push_back({values_at + d, grads_at + d, wide_at ? wide_at + d : nullptr, hi - lo,
+                       state_offset + d, counted, lo, g, settings.lr_mult,
+                       settings.weight_decay_mult});
     };
     // Padding joins the run it follows (its elements are 0 and stay 0 under any group).
     auto pad_group = [&](std::size_t lo, std::uint32_t next) {

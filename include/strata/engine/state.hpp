@@ -513,8 +513,9 @@ public:
       return;
     double sq = 0;
     for (auto const& r : flat_.owned)
-      if (r.in_norm)
-        sq += optim::sum_of_squares(std::span<T const>(r.grads, r.count));
+      if (r.in_norm) // the f32 gradients where they accumulate in f32
+        sq += r.wide ? optim::sum_of_squares(std::span<master_type const>(r.wide, r.count))
+                     : optim::sum_of_squares(std::span<T const>(r.grads, r.count));
     reductions_.reduce_norm(sq);
     sq /= v.loss_scale * v.loss_scale;
     if (!std::isfinite(sq)) {

@@ -45,11 +45,28 @@ public:
   void add_group(group_fn f) { groups_.push_back(std::move(f)); }
 
   /// After every pass's setup: where this rank holds members' gradient elements (the flat
-  /// layout's gradient pieces), and the buffer. A set's tensor is as large as its primary's
-  /// shard on this rank.
+  /// layout's owned ranges: what the optimizer reads, the f32 gradients under
+  /// precision::accumulate<float>), and the buffer. A set's tensor is as large as its
+  /// primary's shard on this rank.
   template <class Device>
   void setup(flat_layout<T, Device> const& flat, memory_ledger& ledger) {
-    setup_from(flat.params, flat.grad_pieces, ledger);
+    runs_.assign(ties_.size(), {});
+    std::size_t total = 0;
+    for (auto const& t : ties_)
+      total += t.local_size;
+    sum_ = buffer<compute_type>(total, memory_kind::communication, ledger);
+    for (auto const& r : flat.owned)
+      flat.for_each_piece(
+          r.flat, r.count,
+          [&](std::uint32_t param, std::size_t first, std::size_t n, std::size_t at) {
+            auto const& p = *flat.params[param].p;
+            if (!p.tied())
+              return;
+            for (std::size_t s = 0; s < ties_.size(); ++s)
+              if (ties_[s].primary == p.tie())
+                runs_[s].push_back(
+                    {r.grads + at, r.wide ? r.wide + at : nullptr, p.local_of(first), n});
+          });
   }
 
   /// The sum: members' gradients added into the buffer, the groups' sums, read back.
@@ -61,12 +78,15 @@ public:
         v = compute_type{0};
       for (auto const& r : runs_[s])
         for (std::size_t i = 0; i < r.count; ++i)
-          b[r.at + i] += element_cast<compute_type>(r.grads[i]);
+          b[r.at + i] += r.wide ? r.wide[i] : element_cast<compute_type>(r.grads[i]);
       for (auto const& g : groups_)
         g(b);
       for (auto const& r : runs_[s])
-        for (std::size_t i = 0; i < r.count; ++i)
+        for (std::size_t i = 0; i < r.count; ++i) {
           r.grads[i] = element_cast<T>(b[r.at + i]);
+          if (r.wide)
+            r.wide[i] = b[r.at + i];
+        }
       base += ties_[s].local_size;
     }
   }
@@ -74,25 +94,9 @@ public:
 private:
   struct run_of {
     T* grads;
+    compute_type* wide;    // the f32 gradients the optimizer reads (accumulate<float>), or null
     std::size_t at, count; // the buffer's elements [at, at + count)
   };
-
-  void setup_from(std::vector<parameter_entry<T>> const& params,
-                  std::vector<piece<T>> const& pieces, memory_ledger& ledger) {
-    runs_.assign(ties_.size(), {});
-    std::size_t total = 0;
-    for (auto const& t : ties_)
-      total += t.local_size;
-    sum_ = buffer<compute_type>(total, memory_kind::communication, ledger);
-    for (auto const& pc : pieces) {
-      auto const& p = *params[pc.param].p;
-      if (!p.tied())
-        continue;
-      for (std::size_t s = 0; s < ties_.size(); ++s)
-        if (ties_[s].primary == p.tie())
-          runs_[s].push_back({const_cast<T*>(pc.data), p.local_of(pc.first), pc.count});
-    }
-  }
 
   std::vector<typename model_builder<T>::tie_info> ties_;
   std::vector<group_fn> groups_;

@@ -124,7 +124,9 @@ void check_replicas(C& dp, engine::state<T, D> const& s, std::string_view who) {
 /// The data-parallel pass over communicator C (the mesh's dp group).
 ///
 /// R is the type gradients are reduced in: T, or f32 for 16-bit T (precision::reduce<float>):
-/// a bucket is widened into an f32 buffer, all-reduced in f32 and rounded back once.
+/// a bucket is widened into an f32 buffer, all-reduced in f32 and rounded back once. Under
+/// precision::accumulate<float> the gradients already sum in the layout's f32 buffer
+/// (flat_layout::wide_grads): a bucket is all-reduced there in place, and stays f32.
 template <class T, comm::communicator C, class R = T, class Device = host>
 class data_parallel_pass final : public engine::pass<T, Device> {
   static constexpr bool widen = !std::is_same_v<R, T>;
@@ -169,8 +171,11 @@ public:
     if (dp_->size() > 1)
       dp_->broadcast(std::span<T>(s.flat().values.data(), s.flat().tail_begin), 0);
     buckets_ = make_buckets(s, d_.first_bucket_bytes, d_.bucket_bytes, tail_size());
-    if constexpr (widen)
-      wide_ = buffer<R, Device>(s.flat().flat_size, memory_kind::communication, default_ledger());
+    if constexpr (widen) {
+      accumulated_ = s.flat().wide_grads.size() != 0;
+      if (!accumulated_)
+        wide_ = buffer<R, Device>(s.flat().flat_size, memory_kind::communication, default_ledger());
+    }
     requests_.assign(buckets_.size(), std::nullopt);
     loss_slot_ = s.flat().tail_begin;
   }
@@ -222,8 +227,10 @@ public:
           code_.write(s.values().batch.sequences, s.flat().grads.data() + loss_slot_ + 1);
         }
       if constexpr (widen) {
-        std::span<R> const w(wide_.data() + b.begin, b.end - b.begin);
-        convert(std::span<T const>(s.flat().grads.data() + b.begin, w.size()), w);
+        R* const base = accumulated_ ? s.flat().wide_grads.data() : wide_.data();
+        std::span<R> const w(base + b.begin, b.end - b.begin);
+        if (!accumulated_)
+          convert(std::span<T const>(s.flat().grads.data() + b.begin, w.size()), w);
         requests_[o.arg] = dp_->all_reduce_async(w, comm::reduce_op::avg);
       } else {
         requests_[o.arg] = dp_->all_reduce_async(
@@ -237,8 +244,9 @@ public:
           r->wait_on(s.context().compute); // the compute queue waits (on the host: wait())
           r.reset();
         }
-      if constexpr (widen) // the f32 averages, rounded once
-        for (auto const& b : buckets_)
+      if constexpr (widen) // the f32 averages, rounded once (accumulated: they stay f32)
+        for (auto const& b :
+             accumulated_ ? std::span<bucket const>() : std::span<bucket const>(buckets_))
           convert(std::span<R const>(wide_.data() + b.begin, b.end - b.begin),
                   std::span<T>(s.flat().grads.data() + b.begin, b.end - b.begin));
       bool agrees = true;
@@ -303,7 +311,8 @@ private:
   std::vector<std::optional<request_t>> requests_;
   std::vector<std::int64_t> hashes_;
   std::size_t loss_slot_ = 0;
-  buffer<R, Device> wide_; // R != T: the f32 gradients being reduced
+  buffer<R, Device> wide_;   // R != T: the f32 gradients being reduced
+  bool accumulated_ = false; // R != T, accumulate<float>: reduced in flat_layout::wide_grads
   // f32 and f64 gradients carry the loss and the count in their last bucket; 16-bit ones
   // would round them: they go in one all-reduce of doubles.
   static constexpr bool carries_loss = sizeof(T) >= 4;

@@ -145,7 +145,8 @@ struct plan_descriptor {
   } recompute{};
   struct precision_desc {
     int kind = 0; // 0 fp32 (the model's type), 1 bf16, 2 fp16 (with dynamic loss scaling)
-    bool reduce_f32 = false; // precision::reduce<float>: gradients reduced in f32
+    bool reduce_f32 = false;     // precision::reduce<float>: gradients reduced in f32
+    bool accumulate_f32 = false; // precision::accumulate<float>: accumulated (and reduced) in f32
   } precision{};
   struct sharded_desc {
     bool enabled = false;
@@ -469,7 +470,7 @@ template <class T>
 inline constexpr bool is_builtin_v =
     is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
     is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value ||
-    is_precision<T>::value || is_reduce_type<T>::value;
+    is_precision<T>::value || is_reduce_type<T>::value || is_accumulate_type<T>::value;
 // The library's options, and any type with an option_traits specialisation (a user's
 // strategy or policy).
 template <class T>
@@ -526,6 +527,8 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
     d.precision.kind = O::kind;
   else if constexpr (is_reduce_type<O>::value)
     d.precision.reduce_f32 = true;
+  else if constexpr (is_accumulate_type<O>::value)
+    d.precision.accumulate_f32 = true;
   else if constexpr (requires { O::lower(d); })
     O::lower(d);
   // a user's option has no place in the library's descriptor: its traits carry it
@@ -538,12 +541,14 @@ constexpr void lower_option(plan_descriptor& d) noexcept {
 /// name it), a recompute policy (recompute::...), a precision policy (precision::...).
 template <class... Options>
 struct plan {
-  static_assert((detail::is_plan_option_v<Options> && ...),
-                "strata: plan<...> got an option it does not know: the options are "
-                "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...>, "
-                "micro_batches<M>, a recompute policy (recompute::none, full, every<K>, selective, "
-                "offload<P>) and "
-                "a precision policy (precision::fp32, bf16, fp16, with precision::reduce<float>)");
+  static_assert(
+      (detail::is_plan_option_v<Options> && ...),
+      "strata: plan<...> got an option it does not know: the options are "
+      "data_parallel<...>, sharded<...>, tensor_parallel<...>, pipeline_parallel<...>, "
+      "micro_batches<M>, a recompute policy (recompute::none, full, every<K>, selective, "
+      "offload<P>) and "
+      "a precision policy (precision::fp32, bf16, fp16, with precision::reduce<float> and "
+      "precision::accumulate<float>)");
   static_assert(detail::count_v<detail::is_recompute, Options...> <= 1,
                 "strata: plan<...> names a recompute policy twice: give one");
   static_assert(detail::count_v<detail::is_precision, Options...> <= 1,
@@ -555,6 +560,13 @@ struct plan {
                 "strata: precision::reduce<float> sets the gradient reduction of a 16-bit "
                 "policy, but the plan computes in fp32 (whose gradients are reduced in f32 "
                 "already): name precision::bf16 or precision::fp16, or drop reduce<float>");
+  static_assert(detail::count_v<detail::is_accumulate_type, Options...> <= 1,
+                "strata: plan<...> names precision::accumulate twice: give it once");
+  static_assert(detail::count_v<detail::is_accumulate_type, Options...> == 0 ||
+                    (0 + ... + detail::precision_kind_of<Options>) != 0,
+                "strata: precision::accumulate<float> sets the gradient accumulation of a 16-bit "
+                "policy, but the plan computes in fp32 (whose gradients accumulate in f32 "
+                "already): name precision::bf16 or precision::fp16, or drop accumulate<float>");
   static_assert(detail::count_v<detail::is_tensor_parallel, Options...> <= 1,
                 "strata: plan<...> names tensor_parallel twice: give it once");
   static_assert(detail::count_v<detail::is_sharded, Options...> <= 1,
@@ -638,9 +650,10 @@ struct runtime_layout {
     auto fail = [](std::string const& what) {
       throw config_error("strata: runtime plan: " + what);
     };
-    if (d.precision.reduce_f32)
-      fail("precision::reduce<float> is a compile-time choice (the reduction type): use a "
-           "plan<...> type for it");
+    if (d.precision.reduce_f32 || d.precision.accumulate_f32)
+      fail(std::string(d.precision.reduce_f32 ? "precision::reduce<float>"
+                                              : "precision::accumulate<float>") +
+           " is a compile-time choice (the reduction type): use a plan<...> type for it");
     if (d.precision.kind != precision_kind)
       fail("the layout's precision differs from runtime_plan<Precision>'s: the precision is "
            "the trainer's element type, chosen by the type");

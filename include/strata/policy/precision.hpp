@@ -20,7 +20,8 @@ namespace strata {
 /// only copy it updates; each step rounds them to the 16-bit parameters. The master weights
 /// start as the f32 model's initial values exactly, so a bf16 run starts from the f32 run's
 /// weights. Gradients accumulate over micro-batches in the 16-bit type and are reduced in it
-/// (FSDP's MixedPrecision with reduce_dtype = param_dtype).
+/// (FSDP's MixedPrecision with reduce_dtype = param_dtype), unless the plan names
+/// precision::reduce<float> or precision::accumulate<float> beside the policy.
 namespace precision {
 /// The model's own type for everything (f32, or f64 for a model built in double). The default.
 struct fp32 {
@@ -50,12 +51,27 @@ struct reduce {
   static_assert(std::is_same_v<R, float>,
                 "strata: precision::reduce<R>: R must be float (the 16-bit type is the default)");
 };
+/// Beside bf16 or fp16: the type gradients accumulate in over the micro-batches of a step.
+/// accumulate<float>: the layers still write each micro-batch's gradients in the 16-bit type,
+/// but after each backward of a layer (ZeRO-2/3: of a segment, once reduced) they are widened
+/// and added into an f32 gradient buffer (Megatron's main_grad; ZeRO-2/3: an f32 gradient
+/// shard), 4 bytes an element, allocated once. It implies reduce<float>: data parallel and
+/// ZeRO-1 reduce the f32 sums in place (no second buffer), ZeRO-2/3 reduce each micro-batch's
+/// segment in f32 and add it into the f32 shard. The optimizer, the gradient norm and fp16's
+/// overflow check read the f32 gradients; the 16-bit gradients (what for_each_grad_piece
+/// reports) are them rounded once. Without it gradients accumulate in the 16-bit type.
+template <class R>
+struct accumulate {
+  static_assert(std::is_same_v<R, float>, "strata: precision::accumulate<R>: R must be float "
+                                          "(the 16-bit type is the default)");
+};
 } // namespace precision
 
 /// The precision policy's settings as values.
 struct precision_options {
-  int kind = 0;            // 0 fp32 (the model's type), 1 bf16, 2 fp16 (dynamic loss scaling)
-  bool reduce_f32 = false; // precision::reduce<float>: gradients reduced in f32
+  int kind = 0;                // 0 fp32 (the model's type), 1 bf16, 2 fp16 (dynamic loss scaling)
+  bool reduce_f32 = false;     // precision::reduce<float>: gradients reduced in f32
+  bool accumulate_f32 = false; // precision::accumulate<float>: gradients accumulated in f32
 };
 
 namespace detail {
@@ -71,6 +87,10 @@ template <class T>
 struct is_reduce_type : std::false_type {};
 template <class R>
 struct is_reduce_type<precision::reduce<R>> : std::true_type {};
+template <class T>
+struct is_accumulate_type : std::false_type {};
+template <class R>
+struct is_accumulate_type<precision::accumulate<R>> : std::true_type {};
 template <class O>
 inline constexpr int precision_kind_of = [] {
   if constexpr (is_precision<O>::value)

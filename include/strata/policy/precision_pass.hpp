@@ -77,8 +77,9 @@ public:
     if (scaler_)
       s.reductions().add_gradient_check([&s] {
         bool found = false;
-        for (auto const& r : s.flat().owned)
-          found = found || optim::has_non_finite(std::span<T const>(r.grads, r.count));
+        for (auto const& r : s.flat().owned) // the f32 gradients where they accumulate in f32
+          found = found || (r.wide ? optim::has_non_finite(std::span<M const>(r.wide, r.count))
+                                   : optim::has_non_finite(std::span<T const>(r.grads, r.count)));
         return found;
       });
   }
@@ -151,8 +152,9 @@ public:
   }
 
 private:
-  // Block by block: widen the gradients, update the f32 master weights, round them to the
-  // 16-bit parameters. A skipped step leaves everything untouched and does not count.
+  // Block by block: widen the gradients (read the f32 ones under accumulate<float>), update the f32
+  // master weights, round them to the 16-bit parameters. A skipped step leaves everything untouched
+  // and does not count.
   void step(engine::state<T, Device>& s) {
     if (s.values().skip_step)
       return;
@@ -162,9 +164,10 @@ private:
       for (std::size_t at = 0; at < r.count; at += widened_.size()) {
         std::size_t const n = std::min(widened_.size(), r.count - at);
         M* m = master_.data() + r.state_offset + at;
-        convert(std::span<T const>(r.grads + at, n), std::span<M>(widened_.data(), n));
-        opt.step(std::span<M>(m, n), std::span<M const>(widened_.data(), n), r.context(c),
-                 r.state_offset + at);
+        M const* g = r.wide ? r.wide + at : widened_.data(); // accumulate<float>: f32 already
+        if (!r.wide)
+          convert(std::span<T const>(r.grads + at, n), std::span<M>(widened_.data(), n));
+        opt.step(std::span<M>(m, n), std::span<M const>(g, n), r.context(c), r.state_offset + at);
         convert(std::span<M const>(m, n), std::span<T>(r.values + at, n));
       }
     }
@@ -185,6 +188,8 @@ constexpr precision_options precision_options_of() noexcept {
   precision_options o;
   if constexpr (is_precision<P>::value)
     o.kind = P::kind;
+  else if constexpr (is_accumulate_type<P>::value)
+    o.accumulate_f32 = o.reduce_f32 = true;
   else
     o.reduce_f32 = true;
   return o;

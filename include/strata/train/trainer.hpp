@@ -25,6 +25,7 @@
 #include <strata/parallel/sharded.hpp>
 #include <strata/parallel/tensor_parallel.hpp>
 #include <strata/parallel/tp_check.hpp>
+#include <strata/policy/accumulate_pass.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute_pass.hpp>
 #include <strata/train/predict.hpp>
@@ -129,7 +130,14 @@ public:
   /// The type the optimizer updates: T for f32 and f64, f32 master weights for 16-bit T.
   using master_type = compute_t<T>;
   /// The type gradients are reduced in over the dp group: T, or f32 with precision::reduce.
-  using reduce_type = std::conditional_t<Plan::descriptor().precision.reduce_f32, master_type, T>;
+  /// precision::accumulate<float> implies f32.
+  using reduce_type = std::conditional_t<Plan::descriptor().precision.reduce_f32 ||
+                                             Plan::descriptor().precision.accumulate_f32,
+                                         master_type, T>;
+  /// Whether gradients accumulate over micro-batches in f32 (precision::accumulate<float>
+  /// under a 16-bit policy): the optimizer then reads f32 gradients (for_each_main_grad_piece).
+  static constexpr bool accumulates_f32 =
+      Plan::descriptor().precision.accumulate_f32 && !std::is_same_v<master_type, T>;
   using pass_type = engine::pass<T, Device>;
 
   /// One rank, no communicator: the reference every plan is checked against. A plan with a
@@ -481,6 +489,20 @@ public:
     auto& fl = state_.flat();
     for (auto const& pc : fl.grad_pieces)
       f(*fl.params[pc.param].p, pc.first, std::span<T const>(pc.data, pc.count));
+  }
+  /// Under precision::accumulate<float>: f(parameter&, first, grads) for each piece of the f32
+  /// gradients the optimizer reads on this rank (what for_each_grad_piece reports rounded to
+  /// 16 bits). Without it: nothing.
+  template <class F>
+  void for_each_main_grad_piece(F&& f) {
+    auto& fl = state_.flat();
+    for (auto const& r : fl.owned)
+      if (r.wide)
+        fl.for_each_piece(
+            r.flat, r.count,
+            [&](std::uint32_t param, std::size_t first, std::size_t n, std::size_t at) {
+              f(*fl.params[param].p, first, std::span<master_type const>(r.wide + at, n));
+            });
   }
   /// The parameter called name on this rank, or null.
   nn::parameter<T>* find_parameter(std::string const& name) {

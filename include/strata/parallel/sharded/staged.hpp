@@ -15,7 +15,9 @@ namespace strata::parallel {
 /// reduction completes the slice is added into the gradient shard (accumulation sums the
 /// reduced slices: M reduce-scatters per segment per step, as DeepSpeed's stage 2). With
 /// R != T the staging buffer is widened into an f32 copy first, and the slice is added in f32
-/// and rounded once.
+/// and rounded once. Under precision::accumulate<float> (R is f32) the shard the slices add
+/// into is f32 (wide_shard_, 4 bytes an element): nothing is rounded between micro-batches,
+/// and the optimizer reads it (the 16-bit shard holds it rounded once, for reports).
 template <class T, comm::communicator C, class R = T, class Device = host>
 class staged_sharded_pass : public sharded_pass<T, C, R, Device> {
 protected:
@@ -33,6 +35,9 @@ public:
     case base::k_zero:
       if (this->shard_total_ != 0)
         base::clear(shard_grads_.data(), this->shard_total_);
+      if (wide_shard_.size() != 0)
+        Device::fill_bytes(static_cast<void*>(wide_shard_.data()), 0,
+                           wide_shard_.size() * sizeof(R));
       return;
     case base::k_prepare: {
       complete(o.slot);
@@ -91,6 +96,12 @@ protected:
       if constexpr (widen)
         wide_[k] = buffer<R, Device>(max_size, memory_kind::communication, ledger);
     }
+    if constexpr (widen)
+      if (s.flat().accumulate_wide) {
+        wide_shard_ = buffer<R, Device>(this->shard_total_, memory_kind::gradients, ledger);
+        Device::fill_bytes(static_cast<void*>(wide_shard_.data()), 0,
+                           this->shard_total_ * sizeof(R));
+      }
     s.flat().owned.clear();
     s.flat().grad_pieces.clear();
   }
@@ -137,6 +148,14 @@ protected:
     }
   }
 
+  /// accumulate<float>: the f32 gradient shard at shard offset `at` (null without it).
+  compute_t<T>* wide_shard_at(std::size_t at) noexcept {
+    if constexpr (widen)
+      return wide_shard_.size() != 0 ? wide_shard_.data() + at : nullptr;
+    else
+      return nullptr;
+  }
+
   buffer<T, Device> shard_grads_;
 
 private:
@@ -150,12 +169,11 @@ private:
     auto const& v = segs_[rs_segment_[k]];
     T* const dst = shard_grads_.data() + v.shard_offset;
     R const* const src = reduced_[k].data();
-    for (std::size_t i = 0; i < v.count; ++i) {
-      if constexpr (std::is_same_v<T, compute_t<T>>)
-        dst[i] += src[i];
-      else // 16-bit gradients: add in f32, round once
-        dst[i] = element_cast<T>(element_cast<compute_t<T>>(dst[i]) +
-                                 element_cast<compute_t<T>>(src[i]));
+    if (compute_t<T>* const wide = wide_shard_at(v.shard_offset)) { // f32 sums, no rounding
+      for (std::size_t i = 0; i < v.count; ++i)
+        wide[i] += element_cast<compute_t<T>>(src[i]);
+    } else {
+      add_rounded(dst, src, v.count);
     }
     if constexpr (STRATA_POISON_UNOWNED) {
       detail::fill_nan(staging_[k].data(), this->state_->flat().segments[rs_segment_[k]].size);
@@ -163,8 +181,20 @@ private:
     }
   }
 
+  /// dst[i] += src[i] for the n elements of a reduced slice (16-bit dst: in f32, rounded once).
+  static void add_rounded(T* dst, R const* src, std::size_t n) noexcept {
+    for (std::size_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, compute_t<T>>)
+        dst[i] += src[i];
+      else // 16-bit gradients: add in f32, round once
+        dst[i] = element_cast<T>(element_cast<compute_t<T>>(dst[i]) +
+                                 element_cast<compute_t<T>>(src[i]));
+    }
+  }
+
   std::array<buffer<T, Device>, 2> staging_;
   std::array<buffer<R, Device>, 2> reduced_, wide_; // wide_: f32 copies of staging_ (R != T)
+  buffer<R, Device> wide_shard_;                    // accumulate<float>: the f32 gradient shard
   std::array<std::optional<rs_request>, 2> rs_pending_;
   std::array<std::uint32_t, 2> rs_segment_{};
 };

@@ -28,7 +28,8 @@ public:
       auto const& v = this->segs_[g];
       T* const grads = this->shard_grads_.data() + v.shard_offset;
       this->value_base_[g] = s.flat().values.data() + s.flat().segments[g].begin;
-      s.flat().add_owned(s.flat().values.data() + v.begin, grads, v.begin, v.count, v.shard_offset);
+      s.flat().add_owned(s.flat().values.data() + v.begin, grads, v.begin, v.count, v.shard_offset,
+                         this->wide_shard_at(v.shard_offset));
       s.flat().add_pieces(s.flat().grad_pieces, v.begin, v.count, grads);
       this->bind(g);
     }

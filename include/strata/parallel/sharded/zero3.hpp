@@ -61,7 +61,8 @@ public:
                         s.settings().seed, pc.first);
       }
       s.flat().add_pieces(s.flat().grad_pieces, v.begin, v.count, grads);
-      s.flat().add_owned(values, grads, v.begin, v.count, v.shard_offset);
+      s.flat().add_owned(values, grads, v.begin, v.count, v.shard_offset,
+                         this->wide_shard_at(v.shard_offset));
     }
   }
 
