@@ -76,12 +76,11 @@ long allocations_in_later_steps(bool masked = false) {
   std::atomic<long> before{0}, after{0};
   st::comm::local::run(2, [&](st::comm::local::communicator& world) {
     st::comm::mesh mesh(world, {.dp = 2});
-    st::trainer<decltype(mlp), Plan> t(
-        mesh, mlp, st::engine::use<st::optim::adamw<float>>(),
-        {.lr = [](std::int64_t) { return 1e-3; },
-         .clip = 1.0,
-         .seed = seed,
-         .token_weighted = masked});
+    st::trainer<decltype(mlp), Plan> t(mesh, mlp, st::engine::use<st::optim::adamw<float>>(),
+                                       {.lr = [](std::int64_t) { return 1e-3; },
+                                        .clip = 1.0,
+                                        .seed = seed,
+                                        .token_weighted = masked});
     std::vector<float> x(4 * 64);
     for (std::size_t i = 0; i < x.size(); ++i)
       x[i] = static_cast<float>(st::test::mix(seed + world.rank(), i) % 1000) * 1e-3f - 0.5f;

@@ -328,6 +328,14 @@ int main(int argc, char** argv) {
           losses((st::plan<z3, st::precision::bf16>*)nullptr, 0));
     track("gpt zero-3 bf16 reduce<float> tracks f32", f32,
           losses((st::plan<z3, st::precision::bf16, st::precision::reduce<float>>*)nullptr, 0));
+    // f32 gradient accumulation over 2 micro-batches (issue 19): the f32 sums reduced over
+    // the processes.
+    track("gpt zero-3 bf16 accumulate<float> tracks f32", f32,
+          losses((st::plan<z3, st::precision::bf16, st::precision::accumulate<float>>*)nullptr, 0));
+    track("gpt ddp bf16 accumulate<float> tracks f32", f32,
+          losses((st::plan<st::data_parallel<>, st::precision::bf16,
+                           st::precision::accumulate<float>, st::micro_batches<2>>*)nullptr,
+                 0));
     track("gpt ddp fp16 tracks f32", f32,
           losses((st::plan<st::data_parallel<>, st::precision::fp16>*)nullptr, 0));
     auto const h = losses((st::plan<st::data_parallel<>, st::precision::fp16>*)nullptr, 5);
