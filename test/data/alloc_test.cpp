@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace sd = strata::data;
@@ -27,15 +28,20 @@ TEST_CASE("loader.next() allocates nothing after construction", "[data][alloc]")
   sd::text_dataset const ds(file.path(), td::draw(k, 1, 4, 32), sd::text_encoding::character);
   for (bool const drop_last : {true, false}) {
     for (bool const shuffle : {true, false}) {
+      // A loss mask by input id (loader_options::mask_input_id) on the shuffled runs.
+      std::optional<std::int32_t> const mask =
+          shuffle ? std::optional<std::int32_t>(ds.encode(' ')) : std::nullopt;
       CAPTURE(drop_last, shuffle);
       sd::loader l(ds, sd::distributed_sampler(ds.size(), 3, 2, {.shuffle = shuffle, .seed = k}),
-                   {.batch = 5, .drop_last = drop_last});
+                   {.batch = 5, .drop_last = drop_last, .mask_input_id = mask});
       std::size_t const n = 3 * l.batches_per_epoch() + 2;
       std::int64_t sum = 0; // uses the batches, so nothing is optimised away
       long const before = allocations.load();
       for (std::size_t i = 0; i < n; ++i) {
         sd::token_batch const b = l.next();
         sum += b.tokens[0] + b.targets[b.rows() - 1];
+        if (mask)
+          sum += static_cast<std::int64_t>(b.loss_mask[0]);
       }
       long const after = allocations.load();
       CHECK(after - before == 0);
