@@ -83,9 +83,10 @@ public:
         g(b);
       for (auto const& r : runs_[s])
         for (std::size_t i = 0; i < r.count; ++i) {
-          r.grads[i] = element_cast<T>(b[r.at + i]);
-          if (r.wide)
+          if (r.wide) // the accumulate pass rounds them into the 16-bit ones before the clip
             r.wide[i] = b[r.at + i];
+          else
+            r.grads[i] = element_cast<T>(b[r.at + i]);
         }
       base += ties_[s].local_size;
     }
