@@ -1,6 +1,6 @@
 # Detects the optional dependencies: MPI (mpi backend), CUDA toolkit and NCCL (cuda device,
-# nccl backend), Eigen (core/eigen). Sets STRATA_HAVE_MPI, STRATA_HAVE_CUDA, STRATA_HAVE_NCCL,
-# STRATA_HAVE_EIGEN and, when found, the imported targets NCCL::nccl and Eigen3::Eigen.
+# nccl backend), Eigen (core/eigen), OpenBLAS (the host GEMM). Sets STRATA_HAVE_MPI, STRATA_HAVE_CUDA, STRATA_HAVE_NCCL,
+# STRATA_HAVE_EIGEN, STRATA_HAVE_OPENBLAS and, when found, the imported targets NCCL::nccl and Eigen3::Eigen.
 
 set(STRATA_HAVE_MPI OFF)
 if(STRATA_ENABLE_MPI)
@@ -44,5 +44,25 @@ if(Eigen3_FOUND)
   set(STRATA_HAVE_EIGEN ON)
 endif()
 
+# OpenBLAS: the host GEMM's pieces call it for f32 and f64 (nn/detail/gemm.hpp). Its kernels are
+# chosen at run time for the CPU (Debian's build has DYNAMIC_ARCH), so a user's project compiled
+# without -march still runs AVX2 or AVX-512 GEMMs. Measured against BLIS and Eigen in
+# docs/performance.md.
+set(STRATA_BLAS "AUTO" CACHE STRING
+    "The BLAS strata's host GEMM calls: AUTO (OpenBLAS when found), OpenBLAS (required), OFF (strata's own kernel)")
+set_property(CACHE STRATA_BLAS PROPERTY STRINGS AUTO OpenBLAS OFF)
+set(STRATA_HAVE_OPENBLAS OFF)
+if(NOT STRATA_BLAS STREQUAL "OFF")
+  find_package(OpenBLAS CONFIG QUIET)
+  if(OpenBLAS_FOUND AND OpenBLAS_LIBRARIES)
+    set(STRATA_HAVE_OPENBLAS ON)
+  elseif(STRATA_BLAS STREQUAL "OpenBLAS")
+    message(FATAL_ERROR "strata: STRATA_BLAS=OpenBLAS but OpenBLAS was not found (its CMake "
+                        "config, OpenBLASConfig.cmake). On Debian: apt-get install libopenblas-dev; "
+                        "or -DSTRATA_BLAS=OFF for strata's own GEMM kernel.")
+  endif()
+endif()
+
 message(STATUS "strata: MPI ${STRATA_HAVE_MPI}, CUDA ${STRATA_HAVE_CUDA} (${CUDAToolkit_VERSION}), "
-               "NCCL ${STRATA_HAVE_NCCL}, Eigen ${STRATA_HAVE_EIGEN}")
+               "NCCL ${STRATA_HAVE_NCCL}, Eigen ${STRATA_HAVE_EIGEN}, OpenBLAS ${STRATA_HAVE_OPENBLAS} "
+               "(${OpenBLAS_VERSION})")

@@ -2,6 +2,22 @@
 add_library(strata_warnings INTERFACE)
 target_compile_options(strata_warnings INTERFACE
   $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>)
+
+# The instruction set of strata's own tests, benchmarks and examples (never imposed on users:
+# their kernels dispatch at run time, core/cpu.hpp, and the GEMM calls OpenBLAS).
+set(STRATA_ARCH "native" CACHE STRING
+    "-march for strata's own tests, benchmarks and examples: native (the build machine's), a level such as x86-64-v3 or x86-64-v4, or none (the compiler's default)")
+if(STRATA_ARCH AND NOT STRATA_ARCH STREQUAL "none")
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-march=${STRATA_ARCH} strata_arch_ok)
+  if(NOT strata_arch_ok)
+    message(FATAL_ERROR "strata: the compiler refuses -march=${STRATA_ARCH} (STRATA_ARCH); use native, "
+                        "x86-64-v2, x86-64-v3, x86-64-v4 or none")
+  endif()
+  target_compile_options(strata_warnings INTERFACE -march=${STRATA_ARCH})
+endif()
+message(STATUS "strata: own targets built with -march=${STRATA_ARCH}")
+
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)
   set(CMAKE_BUILD_TYPE RelWithDebInfo CACHE STRING "" FORCE)
 endif()

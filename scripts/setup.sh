@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages strata's build, tests and benchmarks need, when any is missing.
 set -euo pipefail
-packages=(cmake ninja-build g++ catch2 libbenchmark-dev libeigen3-dev clang-format
+packages=(cmake ninja-build g++ catch2 libbenchmark-dev libeigen3-dev libopenblas-dev clang-format
           openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 // strata_bench_step, training steps on one rank: the MLP step under strata's trainer beside the
-// same step written plainly with Eigen (ratio = strata time / Eigen time, goal <= 1.05), and a
-// GPT step with its forward/backward/optimizer split. Single-threaded, f32.
+// same step written plainly with Eigen (ratio = strata time / Eigen time, goal <= 1.1, both on
+// one thread), and a GPT step with its forward/backward/optimizer split and its time against the
+// FLOP limit at the GEMM rate measured in the same run, on 1 and 2 threads. f32.
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
 #include <strata/optim/adamw.hpp>
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -63,10 +65,11 @@ mlp_data const& data() {
 
 using mlp_trainer = st::trainer<st::models::mlp_model<float>>;
 
-std::unique_ptr<mlp_trainer> make_mlp_trainer() {
+std::unique_ptr<mlp_trainer> make_mlp_trainer(std::size_t threads = 1) {
   return std::make_unique<mlp_trainer>(
       mlp, st::engine::use<st::optim::sgd<float>>({.momentum = mlp_momentum}),
-      st::trainer_options{.lr = st::optim::constant_schedule(mlp_lr), .seed = mlp_seed});
+      st::trainer_options{
+          .lr = st::optim::constant_schedule(mlp_lr), .seed = mlp_seed, .threads = threads});
 }
 
 // The step written plainly with Eigen: forward (linear + bias, tanh-GELU between), softmax
@@ -278,7 +281,7 @@ void mlp_step_eigen(benchmark::State& state) {
 
 void mlp_step_strata(benchmark::State& state) {
   auto const& d = data();
-  auto t = make_mlp_trainer();
+  auto t = make_mlp_trainer(static_cast<std::size_t>(state.range(0)));
   auto const batch = d.view();
   for (int i = 0; i < warmup_steps; ++i)
     t->step(batch);
@@ -307,13 +310,64 @@ void mlp_step_strata(benchmark::State& state) {
 
 // ---- the GPT step ------------------------------------------------------------------------------
 
+// FLOPs of one GPT step in its products (forward 2 m n k each; backward twice the forward):
+// per block qkv, the scores and the heads' outputs (the whole seq x seq, as the core computes
+// them), proj, fc, fc's projection; then the head.
+double gpt_step_flops(st::models::gpt_config const& c, std::size_t sequences) {
+  double const rows = static_cast<double>(sequences * c.seq), d = static_cast<double>(c.features);
+  double const s = static_cast<double>(c.seq), v = static_cast<double>(c.vocab);
+  double const block = 2 * rows * d * (3 * d + d + 4 * d + 4 * d) + 2 * 2 * rows * s * d;
+  double const forward = static_cast<double>(c.layers) * block + 2 * rows * d * v;
+  return 3 * forward;
+}
+
+// The GEMM rate on this step's largest block product (512 x 512 x 128, fc), on `threads`
+// threads: the best of strata's GEMM (OpenBLAS's when linked) and Eigen's (one thread).
+double gemm_gflops(std::size_t threads) {
+  std::size_t const m = 512, n = 512, k = 128;
+  matrix a = matrix::Random(m, k), b = matrix::Random(n, k), out(m, n);
+  st::thread_pool pool(threads);
+  st::pool_scope scope(threads > 1 ? &pool : nullptr);
+  auto best = [&](auto&& f) {
+    f();
+    double b_s = 1e30;
+    for (int r = 0; r < 5; ++r) {
+      auto const t0 = std::chrono::steady_clock::now();
+      int it = 0;
+      double el = 0;
+      do {
+        f();
+        ++it;
+        el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } while (el < 0.02);
+      b_s = std::min(b_s, el / it);
+    }
+    return 2.0 * m * n * k / b_s * 1e-9;
+  };
+  double const ours = best([&] {
+    st::nn::detail::gemm<float>(m, n, k, a.data(), k, 1, b.data(), 1, k, out.data(), n, false);
+    benchmark::DoNotOptimize(out.data());
+  });
+  double const eigen = best([&] {
+    out.noalias() = a * b.transpose();
+    benchmark::DoNotOptimize(out.data());
+  });
+  return std::max(ours, eigen);
+}
+
+std::map<std::size_t, double>& gpt_step_ms() {
+  static std::map<std::size_t, double> m;
+  return m;
+}
+
 void gpt_step(benchmark::State& state) {
+  std::size_t const threads = static_cast<std::size_t>(state.range(0));
   st::models::gpt_config const c{.vocab = 256, .seq = 64, .features = 128, .heads = 4, .layers = 8};
   std::size_t const sequences = 8, rows = sequences * c.seq;
   st::models::gpt_model<float> const gpt{c};
   st::trainer<st::models::gpt_model<float>> t(
       gpt, st::engine::use<st::optim::adamw<float>>({}),
-      {.lr = st::optim::constant_schedule(3e-4), .seed = 11});
+      {.lr = st::optim::constant_schedule(3e-4), .seed = 11, .threads = threads});
   std::vector<std::int32_t> tokens(rows), targets(rows);
   std::mt19937 g(4321);
   std::uniform_int_distribution<std::int32_t> u(0, static_cast<std::int32_t>(c.vocab) - 1);
@@ -324,6 +378,7 @@ void gpt_step(benchmark::State& state) {
   st::engine::batch_view<float> const batch{sequences, c.seq, tokens, {}, targets};
   for (int i = 0; i < warmup_steps; ++i)
     t.step(batch);
+  double const rate = gemm_gflops(threads);
   double seconds = 0, fwd = 0, bwd = 0, opt = 0;
   for (auto _ : state) {
     auto const t0 = std::chrono::steady_clock::now();
@@ -335,20 +390,36 @@ void gpt_step(benchmark::State& state) {
   }
   double const n = static_cast<double>(state.iterations());
   double const per_step = seconds / n;
+  double const fl = gpt_step_flops(c, sequences);
   state.counters["step_ms"] = per_step * 1e3;
   state.counters["tokens/s"] = static_cast<double>(rows) / per_step;
   state.counters["fwd_ms"] = fwd / n * 1e3;
   state.counters["bwd_ms"] = bwd / n * 1e3;
   state.counters["opt_ms"] = opt / n * 1e3;
   state.counters["peak_MiB"] = to_mib(t.ledger().peak());
+  state.counters["GFLOP"] = fl * 1e-9;
+  state.counters["gemm_GFLOP/s"] = rate;
+  state.counters["flop_limit_ms"] = fl / (rate * 1e9) * 1e3;
+  state.counters["ratio_to_limit"] = per_step / (fl / (rate * 1e9));
+  gpt_step_ms()[threads] = per_step * 1e3;
+  if (threads > 1 && gpt_step_ms().count(1))
+    state.counters["speedup_vs_1"] = gpt_step_ms()[1] / (per_step * 1e3);
 }
 
 // Registered before main runs; Eigen's MLP step first, so strata's can report the ratio.
 [[maybe_unused]] bool const train_registered = [] {
   benchmark::RegisterBenchmark("BM_mlp_step/eigen", mlp_step_eigen)->Unit(benchmark::kMillisecond);
+  // threads:1 against Eigen (one thread); threads:2 uses both cores of this machine.
   benchmark::RegisterBenchmark("BM_mlp_step/strata", mlp_step_strata)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
       ->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("BM_gpt_step", gpt_step)->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("BM_gpt_step", gpt_step)
+      ->ArgName("threads")
+      ->Arg(1)
+      ->Arg(2)
+      ->Unit(benchmark::kMillisecond);
   return true;
 }();
 

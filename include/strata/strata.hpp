@@ -2,6 +2,7 @@
 #pragma once
 
 #include <strata/core/buffer.hpp>
+#include <strata/core/cpu.hpp>
 #include <strata/core/device.hpp>
 #include <strata/core/dtype.hpp>
 #include <strata/core/element.hpp>
@@ -11,6 +12,7 @@
 #include <strata/core/philox.hpp>
 #include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/thread_pool.hpp>
 
 #include <strata/comm/communicator.hpp>
 #include <strata/comm/counters.hpp>

@@ -1,5 +1,5 @@
 # Installs strata from STRATA_BINARY into a fresh prefix, builds test/consumer against it with
-# find_package(strata), and runs the result; with MPIEXEC given, also the MPI consumer (built
+# find_package(strata) and plain -O2 (no -march: the user's flags), and runs the result; with MPIEXEC given, also the MPI consumer (built
 # against strata::mpi) under MPIEXEC -np 2.
 file(REMOVE_RECURSE ${WORK})
 function(step)
@@ -15,6 +15,7 @@ endif()
 step(${CMAKE_COMMAND} --install ${STRATA_BINARY} --prefix ${WORK}/prefix)
 step(${CMAKE_COMMAND} -S ${STRATA_SOURCE}/test/consumer -B ${WORK}/build -G ${GENERATOR}
      -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK}/prefix
+     -DCMAKE_BUILD_TYPE= "-DCMAKE_CXX_FLAGS=-O2 -DNDEBUG"
      -DSTRATA_CONSUMER_MPI=${with_mpi})
 step(${CMAKE_COMMAND} --build ${WORK}/build)
 step(${WORK}/build/strata_consumer)

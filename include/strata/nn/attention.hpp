@@ -28,6 +28,7 @@
 #include <strata/core/error.hpp>
 #include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/thread_pool.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
@@ -109,53 +110,52 @@ public:
     // Dropout: the kept probabilities scaled by 1 / (1 - p), row by row in pd.
     bool const drop = s.dropped = ctx.training && o_.dropout > 0.0;
     std::uint8_t* mask = drop ? s.mask.get(B * H * S, S).data() : nullptr;
-    C* pd = drop ? row_.get(1, S).data() : nullptr;
+    C* pd = drop ? row_.get(B * H * S, S).data() : nullptr; // the dropped probabilities
     random_key const key = drop ? detail::dropout_key(o_.name, ctx) : random_key{};
     C const keep_scale = static_cast<C>(1.0 / (1.0 - o_.dropout));
     float const p_drop = static_cast<float>(o_.dropout);
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t h = 0; h < H; ++h) {
-        T const* q = qkv.data() + b * S * lq + h * hd;
-        T const* k = q + d_;
-        T const* v = q + 2 * d_;
-        for (std::size_t i = 0; i < S; ++i) {
-          C* p = probs + ((b * H + h) * S + i) * S;
-          C m = -std::numeric_limits<C>::infinity();
-          for (std::size_t j = 0; j <= i; ++j) {
-            C dot{0};
-            for (std::size_t c = 0; c < hd; ++c)
-              dot += to_compute_value<C>(q[i * lq + c]) * to_compute_value<C>(k[j * lq + c]);
-            p[j] = dot * scale;
-            m = std::max(m, p[j]);
-          }
-          C sum{0};
-          for (std::size_t j = 0; j <= i; ++j) {
-            p[j] = std::exp(p[j] - m);
-            sum += p[j];
-          }
-          for (std::size_t j = 0; j <= i; ++j)
-            p[j] /= sum;
-          for (std::size_t j = i + 1; j < S; ++j)
-            p[j] = C{0};
-          C const* pv = p; // what multiplies v: the probabilities, or the dropped ones
-          if (drop) {
-            std::uint8_t* keep = mask + ((b * H + h) * S + i) * S;
-            detail::draw_keep_mask(keep, i + 1, key, mask_index(ctx, b, h, i), p_drop);
-            for (std::size_t j = i + 1; j < S; ++j) // masked out already: the saved state whole
-              keep[j] = 0;
-            for (std::size_t j = 0; j <= i; ++j)
-              pd[j] = keep[j] ? p[j] * keep_scale : C{0};
-            pv = pd;
-          }
-          T* o = out.data() + (b * S + i) * lo + h * hd;
-          for (std::size_t c = 0; c < hd; ++c) {
-            C acc{0};
-            for (std::size_t j = 0; j <= i; ++j)
-              acc += pv[j] * to_compute_value<C>(v[j * lq + c]);
-            o[c] = from_compute_value<T>(acc);
-          }
+    // One piece per (sequence, head), over the rank's threads: the scores and the heads'
+    // outputs are GEMMs, the softmax and the mask row by row in between. A piece writes only
+    // its own probabilities and output columns, so the result does not depend on the threads.
+    parallel_for(B * H, [&](std::size_t bh) {
+      std::size_t const b = bh / H, h = bh % H;
+      T const* q = qkv.data() + b * S * lq + h * hd;
+      T const* k = q + d_;
+      T const* v = q + 2 * d_;
+      C* const P = probs + bh * S * S;
+      detail::gemm<C>(S, S, hd, q, lq, 1, k, 1, lq, P, S, false); // q k^T, every (i, j)
+      C* const PD = drop ? pd + bh * S * S : nullptr;
+      for (std::size_t i = 0; i < S; ++i) {
+        C* p = P + i * S;
+        C m = -std::numeric_limits<C>::infinity();
+        for (std::size_t j = 0; j <= i; ++j) {
+          p[j] *= scale;
+          m = std::max(m, p[j]);
+        }
+        C sum{0};
+        for (std::size_t j = 0; j <= i; ++j) {
+          p[j] = std::exp(p[j] - m);
+          sum += p[j];
+        }
+        C const inv = C{1} / sum;
+        for (std::size_t j = 0; j <= i; ++j)
+          p[j] *= inv;
+        for (std::size_t j = i + 1; j < S; ++j)
+          p[j] = C{0};
+        if (drop) {
+          std::uint8_t* keep = mask + (bh * S + i) * S;
+          detail::draw_keep_mask(keep, i + 1, key, mask_index(ctx, b, h, i), p_drop);
+          for (std::size_t j = i + 1; j < S; ++j) // masked out already: the saved state whole
+            keep[j] = 0;
+          C* d = PD + i * S;
+          for (std::size_t j = 0; j < S; ++j)
+            d[j] = keep[j] ? p[j] * keep_scale : C{0};
         }
       }
+      // out = P v (or the dropped probabilities times v).
+      T* o = out.data() + b * S * lo + h * hd;
+      detail::gemm<C>(S, hd, S, drop ? PD : P, S, 1, v, lq, 1, o, lo, false);
+    });
   }
 
   /// Writes dqkv (every element) from dout.
@@ -169,45 +169,47 @@ public:
     C const* probs = s.probs.data();
     bool const drop = s.dropped;
     C const keep_scale = static_cast<C>(1.0 / (1.0 - o_.dropout));
-    C* g = grad_.get(rows, 3 * d_).data(); // dqkv in C
-    for (std::size_t e = 0; e < rows * 3 * d_; ++e)
-      g[e] = C{0};
-    C* dp = row_.get(1, S).data();
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t h = 0; h < H; ++h) {
-        T const* q = qkv.data() + b * S * lq + h * hd;
-        T const* k = q + d_;
-        T const* v = q + 2 * d_;
-        C* gq = g + b * S * 3 * d_ + h * hd;
-        C* gk = gq + d_;
-        C* gv = gq + 2 * d_;
-        for (std::size_t i = 0; i < S; ++i) {
-          C const* p = probs + ((b * H + h) * S + i) * S;
-          std::uint8_t const* keep = drop ? s.mask.data() + ((b * H + h) * S + i) * S : nullptr;
-          T const* o = dout.data() + (b * S + i) * lo + h * hd;
-          C dot_pdp{0};
-          for (std::size_t j = 0; j <= i; ++j) {
-            // out_i = sum_j D_ij P_ij v_j with D = keep / (1 - p) (1 without dropout): dv_j
-            // takes D_ij P_ij dout_i and dP_ij = D_ij (dout_i . v_j).
-            C const pv = drop ? (keep[j] ? p[j] * keep_scale : C{0}) : p[j];
-            C acc{0};
-            for (std::size_t c = 0; c < hd; ++c) {
-              C const oc = to_compute_value<C>(o[c]);
-              acc += oc * to_compute_value<C>(v[j * lq + c]);
-              gv[j * 3 * d_ + c] += pv * oc;
-            }
-            dp[j] = drop ? (keep[j] ? acc * keep_scale : C{0}) : acc;
-            dot_pdp += p[j] * dp[j];
-          }
-          for (std::size_t j = 0; j <= i; ++j) {
-            C const ds = p[j] * (dp[j] - dot_pdp) * scale;
-            for (std::size_t c = 0; c < hd; ++c) {
-              gq[i * 3 * d_ + c] += ds * to_compute_value<C>(k[j * lq + c]);
-              gk[j * 3 * d_ + c] += ds * to_compute_value<C>(q[i * lq + c]);
-            }
-          }
+    C* g = grad_.get(rows, 3 * d_).data(); // dqkv in C, every element written below
+    // Per (sequence, head), as forward: with D the dropout's keep / (1 - p) (1 without),
+    // out = (D * P) v gives dV = (D * P)^T dout and dP = D * (dout v^T); the softmax's
+    // dS = P * (dP - rowsum(P * dP)) * scale; dQ = dS K, dK = dS^T Q.
+    C* const dps = row_.get(2 * B * H * S, S).data();
+    parallel_for(B * H, [&](std::size_t bh) {
+      std::size_t const b = bh / H, h = bh % H;
+      T const* q = qkv.data() + b * S * lq + h * hd;
+      T const* k = q + d_;
+      T const* v = q + 2 * d_;
+      T const* o = dout.data() + b * S * lo + h * hd;
+      C* gq = g + b * S * 3 * d_ + h * hd;
+      C* gk = gq + d_;
+      C* gv = gq + 2 * d_;
+      C const* P = probs + bh * S * S;
+      C* const dp = dps + 2 * bh * S * S;
+      C* const pd = dp + S * S; // D * P, then dS
+      std::uint8_t const* keep = drop ? s.mask.data() + bh * S * S : nullptr;
+      if (drop)
+        for (std::size_t e = 0; e < S * S; ++e)
+          pd[e] = keep[e] ? P[e] * keep_scale : C{0};
+      detail::gemm<C>(S, hd, S, drop ? pd : P, 1, S, o, lo, 1, gv, 3 * d_, false); // dV
+      detail::gemm<C>(S, S, hd, o, lo, 1, v, 1, lq, dp, S, false);                 // dout v^T
+      for (std::size_t i = 0; i < S; ++i) {
+        C const* p = P + i * S;
+        C* dpi = dp + i * S;
+        C* ds = pd + i * S;
+        C dot{0};
+        for (std::size_t j = 0; j <= i; ++j) {
+          if (drop)
+            dpi[j] = keep[i * S + j] ? dpi[j] * keep_scale : C{0};
+          dot += p[j] * dpi[j];
         }
+        for (std::size_t j = 0; j <= i; ++j)
+          ds[j] = p[j] * (dpi[j] - dot) * scale;
+        for (std::size_t j = i + 1; j < S; ++j)
+          ds[j] = C{0};
       }
+      detail::gemm<C>(S, hd, S, pd, S, 1, k, lq, 1, gq, 3 * d_, false); // dQ = dS K
+      detail::gemm<C>(S, hd, S, pd, 1, S, q, lq, 1, gk, 3 * d_, false); // dK = dS^T Q
+    });
     for (std::size_t r = 0; r < rows; ++r)
       for (std::size_t c = 0; c < 3 * d_; ++c)
         dqkv(r, c) = from_compute_value<T>(g[r * 3 * d_ + c]);

@@ -5,6 +5,7 @@
 #include <strata/comm/mesh.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
+#include <strata/core/thread_pool.hpp>
 #include <strata/data/batch.hpp>
 #include <strata/engine/batch.hpp>
 #include <strata/engine/executor.hpp>
@@ -35,6 +36,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -78,6 +80,12 @@ struct trainer_options {
   /// default no decay on biases and normalisation parameters (Megatron's and nanoGPT's);
   /// param_groups::uniform() decays every element.
   param_groups groups = param_groups::standard();
+  /// Compute threads of this rank: its GEMMs and large loops are split into pieces run on
+  /// that many threads (core/thread_pool.hpp), with results bitwise independent of the count.
+  /// 0: STRATA_NUM_THREADS when set, else the hardware threads divided by the ranks on this
+  /// host (the communicator's ranks in this process, or LOCAL_WORLD_SIZE /
+  /// OMPI_COMM_WORLD_LOCAL_SIZE under a launcher), at least 1.
+  std::size_t threads = 0;
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
@@ -151,6 +159,7 @@ public:
                   "pipeline_parallel (or another option on a mesh axis) needs a mesh: "
                   "construct the trainer with trainer(mesh, model, optimizer, options)");
     ledger_scope scope(*ledger_);
+    make_pool(1);
     micro_batches_ = options_.micro_batches ? options_.micro_batches : desc_.micro_batches;
     pass_context<comm::no_comm> ctx;
     fold<comm::no_comm>(static_entries<comm::no_comm>(), ctx, {});
@@ -168,6 +177,7 @@ public:
                                                     ? "rank " + std::to_string(mesh.world().rank())
                                                     : options_.label)) {
     ledger_scope scope(*ledger_);
+    make_pool(ranks_on_host(mesh.world()));
     micro_batches_ = options_.micro_batches ? options_.micro_batches : desc_.micro_batches;
     bind(mesh, static_entries<C>());
     init(model, std::move(optimizer));
@@ -187,6 +197,7 @@ public:
                                                     ? "rank " + std::to_string(mesh.world().rank())
                                                     : options_.label)) {
     ledger_scope scope(*ledger_);
+    make_pool(ranks_on_host(mesh.world()));
     if (layout.micro_batches == 0)
       throw config_error("strata: runtime plan: 0 micro-batches: give at least 1");
     desc_.micro_batches = layout.micro_batches;
@@ -215,7 +226,35 @@ public:
   trainer(trainer const&) = delete;
   trainer& operator=(trainer const&) = delete;
 
+  /// The compute threads of this rank (trainer_options::threads).
+  std::size_t threads() const noexcept { return pool_ ? pool_->size() : 1; }
+
 private:
+  // Ranks sharing this host with this one: the communicator's ranks in this process, else a
+  // launcher's local world size, else 1.
+  template <class Comm>
+  static std::size_t ranks_on_host(Comm const& c) {
+    if constexpr (requires { c.ranks_in_process(); }) {
+      return static_cast<std::size_t>(std::max(1, c.ranks_in_process()));
+    } else {
+      for (char const* v : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                            "SLURM_NTASKS_PER_NODE"})
+        if (char const* e = std::getenv(v); e != nullptr) {
+          long const n = std::strtol(e, nullptr, 10);
+          if (n >= 1)
+            return static_cast<std::size_t>(n);
+        }
+      return 1;
+    }
+  }
+
+  void make_pool(std::size_t host_ranks) {
+    std::size_t const n =
+        options_.threads != 0 ? options_.threads : default_num_threads(host_ranks);
+    if (n > 1)
+      pool_ = std::make_unique<thread_pool>(n);
+  }
+
   // One option of the plan, bound to its settings: what the fold needs of it.
   template <class C>
   struct entry {
@@ -367,6 +406,7 @@ public:
   /// of each micro-batch (gradients accumulate), clip, update.
   step_result step(engine::batch_view<T> const& batch) {
     ledger_scope scope(*ledger_);
+    pool_scope threads_scope(pool_.get());
     auto& v = state_.values();
     v.training = true;
     state_.set_batch(batch, micro_batches_);
@@ -664,6 +704,7 @@ private:
 
   // The forward-only program on a batch (evaluate, predict): the mean loss. Changes nothing.
   double forward_only(engine::batch_view<T> const& batch) {
+    pool_scope threads_scope(pool_.get());
     std::size_t m = 1;
     std::size_t const mbs = state_.values().mb_sequences;
     if (mbs && batch.sequences % mbs == 0)
@@ -718,6 +759,7 @@ private:
   plan_descriptor desc_ = Plan::descriptor();
   std::vector<std::size_t> stage_first_; // the first layer of each stage (pipelines)
   std::unique_ptr<memory_ledger> ledger_;
+  std::unique_ptr<thread_pool> pool_; // null: one thread
   std::size_t micro_batches_ = 1;
   std::size_t optimizer_bytes_ = 0;
   engine::state<T, Device> state_;

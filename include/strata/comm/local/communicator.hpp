@@ -43,6 +43,9 @@ public:
 
   int rank() const noexcept { return state_->rank(); }
   int size() const noexcept { return state_->size(); }
+  /// Ranks of this job in this process (all of them: they are threads), for the default
+  /// number of compute threads per rank.
+  int ranks_in_process() const noexcept { return state_->group().job->world_size; }
   comm_counters const& counters() const noexcept { return counters_; }
   comm_counters& counters() noexcept { return counters_; }
 
