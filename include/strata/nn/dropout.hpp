@@ -3,11 +3,13 @@
 // the embedding's output).
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/philox.hpp>
 #include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
@@ -15,8 +17,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace strata::nn {
 
@@ -45,6 +49,54 @@ inline void draw_keep_mask(std::uint8_t* keep, std::size_t n, random_key key, st
                                        return static_cast<std::uint8_t>(
                                            strata::detail::uniform_lane<float>(w, lane) >= p);
                                      });
+}
+
+/// y = m ? x scale : 0 element by element, m the keep mask of the rows (one byte an element,
+/// row r at m + r * features), in C; x and y may be the same view. With T = C W-byte vectors
+/// at a time in the copy of `isa` (core/cpu.hpp): one IEEE product an element either way.
+template <class T, class C>
+void apply_keep_mask(tensor_view<T const> x, tensor_view<T> y, std::uint8_t const* m,
+                     std::size_t features, C scale, cpu_isa isa = host_isa()) {
+  std::size_t const rows = x.extent(0);
+  if constexpr (std::is_same_v<T, C>) {
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      using V = strata::detail::vec<C, W>;
+      constexpr std::size_t L = W / sizeof(C);
+      using I =
+          strata::detail::vec<std::conditional_t<sizeof(C) == 4, std::int32_t, std::int64_t>, W>;
+      using M = strata::detail::vec<std::uint8_t, L>;
+      for (std::size_t r = 0; r < rows; ++r) {
+        T const* xr = x.data() + r * x.stride(0);
+        T* yr = y.data() + r * y.stride(0);
+        std::uint8_t const* mr = m + r * features;
+        std::size_t j = 0;
+        for (; j + L <= features; j += L) {
+          V v;
+          M mb;
+          strata::detail::vload(v, xr + j);
+          strata::detail::vload(mb, mr + j);
+          I const keep = __builtin_convertvector(mb, I);
+          V const out = keep != 0 ? v * scale : V{};
+          strata::detail::vstore(yr + j, out);
+        }
+        for (; j < features; ++j)
+          yr[j] = mr[j] ? xr[j] * scale : C{0};
+      }
+    });
+    return;
+  }
+  (void)isa;
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < features; ++j)
+      y(r, j) =
+          from_compute_value<T>(m[r * features + j] ? to_compute_value<C>(x(r, j)) * scale : C{0});
+}
+
+/// y = x over the rows' first `features` columns (x and y may be the same view).
+template <class T>
+void copy_rows(tensor_view<T const> x, tensor_view<T> y, std::size_t features) {
+  for (std::size_t r = 0; r < x.extent(0); ++r)
+    std::memmove(y.data() + r * y.stride(0), x.data() + r * x.stride(0), features * sizeof(T));
 }
 
 } // namespace detail
@@ -89,40 +141,26 @@ public:
     std::size_t const rows = x.extent(0);
     s.active = active(ctx);
     if (!s.active) {
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t j = 0; j < features_; ++j)
-          y(r, j) = x(r, j);
+      detail::copy_rows(x, y, features_);
       return;
     }
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
     std::uint8_t* m = s.mask.get(rows, features_).data();
     detail::draw_keep_mask(m, rows * features_, key(ctx), ctx.first_row * features_,
                            static_cast<float>(p_));
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t j = 0; j < features_; ++j) {
-        std::size_t const e = r * features_ + j;
-        y(r, j) = detail::from_compute_value<T>(m[e] ? detail::to_compute_value<C>(x(r, j)) * scale
-                                                     : C{0});
-      }
+    detail::apply_keep_mask<T, C>(x, y, m, features_, scale);
   }
 
-  void backward(layer_context const&, tensor_view<T const> x, saved_type const& s,
+  void backward(layer_context const&, tensor_view<T const>, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
     if (dx.data() == nullptr) // the input needs no gradient
       return;
-    std::size_t const rows = x.extent(0);
     if (!s.active) {
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t j = 0; j < features_; ++j)
-          dx(r, j) = dy(r, j);
+      detail::copy_rows(dy, dx, features_);
       return;
     }
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
-    std::uint8_t const* m = s.mask.data();
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t j = 0; j < features_; ++j)
-        dx(r, j) = detail::from_compute_value<T>(
-            m[r * features_ + j] ? detail::to_compute_value<C>(dy(r, j)) * scale : C{0});
+    detail::apply_keep_mask<T, C>(dy, dx, s.mask.data(), features_, scale);
   }
 
 private:
