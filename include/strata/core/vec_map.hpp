@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 
@@ -103,8 +104,10 @@ template <class V>
 /// builtins check their instruction set where the body is compiled, in the copy it is inlined
 /// into; without optimisation (-O0) nothing is inlined before that check, and the lanes go one
 /// by one (the same bits).
+// The builtins below return 32-byte vectors that are never passed between functions: they are
+// inlined into the AVX2 copy (-Wpsabi notes the ABI of a call that does not happen).
 #pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi" // the builtin's result is not passed between functions
+#pragma GCC diagnostic ignored "-Wpsabi"
 template <class V>
 [[gnu::always_inline]] inline void vsqrt(V& out, V const& x) noexcept {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__OPTIMIZE__)
@@ -121,6 +124,49 @@ template <class V>
 #endif
     for (std::size_t k = 0; k < sizeof(V) / sizeof(x[0]); ++k)
       out[k] = std::sqrt(x[k]);
+}
+
+/// hi, lo = the high and low 32 bits of a * m lane by lane (a of uint32_t lanes, 16 or 32
+/// bytes): two 32 x 32 -> 64-bit multiplies (pmuludq) a vector for the even and odd lanes.
+template <class U>
+[[gnu::always_inline]] inline void mul_wide_u32(U& hi, U& lo, U const& a,
+                                                std::uint32_t m) noexcept {
+  using U64 = vec<std::uint64_t, sizeof(U)>;
+  U64 const a64 = __builtin_bit_cast(U64, a);
+  U64 pe, po;
+#if defined(__OPTIMIZE__) && (defined(__x86_64__) || defined(__i386__))
+  using I = vec<int, sizeof(U)>;
+  I const mv = I{} + static_cast<int>(m);
+  if constexpr (sizeof(U) == 32) {
+    pe = __builtin_bit_cast(U64, __builtin_ia32_pmuludq256(__builtin_bit_cast(I, a64), mv));
+    po = __builtin_bit_cast(U64, __builtin_ia32_pmuludq256(__builtin_bit_cast(I, a64 >> 32), mv));
+  } else {
+    static_assert(sizeof(U) == 16);
+    pe = __builtin_bit_cast(U64, __builtin_ia32_pmuludq128(__builtin_bit_cast(I, a64), mv));
+    po = __builtin_bit_cast(U64, __builtin_ia32_pmuludq128(__builtin_bit_cast(I, a64 >> 32), mv));
+  }
+#else
+  pe = (a64 & 0xffffffffu) * std::uint64_t{m};
+  po = (a64 >> 32) * std::uint64_t{m};
+#endif
+  hi = __builtin_bit_cast(U, (pe >> 32) | (po & 0xffffffff00000000u));
+  lo = __builtin_bit_cast(U, (pe & 0xffffffffu) | (po << 32));
+}
+
+/// p = (a mod 2^32) m lane by lane, a and p of uint64_t lanes (16 or 32 bytes): pmuludq, which
+/// reads the low 32 bits of each lane only.
+template <class U64>
+[[gnu::always_inline]] inline void mul_u32_lo(U64& p, U64 const& a, std::uint32_t m) noexcept {
+#if defined(__OPTIMIZE__) && (defined(__x86_64__) || defined(__i386__))
+  using I = vec<int, sizeof(U64)>;
+  I const mv = I{} + static_cast<int>(m);
+  if constexpr (sizeof(U64) == 32)
+    p = __builtin_bit_cast(U64, __builtin_ia32_pmuludq256(__builtin_bit_cast(I, a), mv));
+  else
+    p = __builtin_bit_cast(U64, __builtin_ia32_pmuludq128(__builtin_bit_cast(I, a), mv));
+#else
+  p = (a & 0xffffffffu) * std::uint64_t{m};
+#endif
 }
 #pragma GCC diagnostic pop
 
