@@ -27,8 +27,9 @@ namespace detail {
 /// The forward of layer_norm over the rows of x (n features): y = (x - mean) rstd w + b, the
 /// mean and rstd of row r into st[2r], st[2r + 1]. With T = C the rows go W-byte vectors at a
 /// time in the copy of `isa` (core/cpu.hpp): each of a row's sums accumulates lane by lane in
-/// index order, the tail zero-padded, then the lanes in order, so a row's statistics depend
-/// on the row alone (within one copy). 16-bit storage goes element by element.
+/// four vector accumulators (vector j into j mod 4) in index order, then (0 + 1) + (2 + 3),
+/// the tail zero-padded, then the lanes in order, so a row's statistics depend on the row
+/// alone (within one copy). 16-bit storage goes element by element.
 template <class T, class C>
 void layer_norm_forward(tensor_view<T const> x, tensor_view<T> y, T const* w, T const* b, C eps,
                         C* st, std::size_t n, cpu_isa isa = host_isa()) {
@@ -41,12 +42,26 @@ void layer_norm_forward(tensor_view<T const> x, tensor_view<T> y, T const* w, T 
         T const* xr = x.data() + r * x.stride(0);
         T* yr = y.data() + r * y.stride(0);
         std::size_t const body = n / L * L, rest = n - body;
-        V s{};
-        for (std::size_t j = 0; j < body; j += L) {
+        // Four accumulators (vectors j mod 4), for the adds' latency: (s0 + s1) + (s2 + s3).
+        auto row_sum = [&](V& total, auto const& term) {
+          V s0{}, s1{}, s2{}, s3{};
+          std::size_t j = 0;
+          for (; j + 4 * L <= body; j += 4 * L) {
+            term(s0, j);
+            term(s1, j + L);
+            term(s2, j + 2 * L);
+            term(s3, j + 3 * L);
+          }
+          for (; j < body; j += L)
+            term(s0, j);
+          total = (s0 + s1) + (s2 + s3);
+        };
+        V s;
+        row_sum(s, [&](V& acc, std::size_t j) {
           V v;
           strata::detail::vload(v, xr + j);
-          s += v;
-        }
+          acc += v;
+        });
         if (rest != 0) {
           V v{};
           __builtin_memcpy(&v, xr + body, rest * sizeof(C));
@@ -57,13 +72,13 @@ void layer_norm_forward(tensor_view<T const> x, tensor_view<T> y, T const* w, T 
           mean += s[k];
         mean /= static_cast<C>(n);
         V const mv = V{} + mean;
-        V q{};
-        for (std::size_t j = 0; j < body; j += L) {
+        V q;
+        row_sum(q, [&](V& acc, std::size_t j) {
           V v;
           strata::detail::vload(v, xr + j);
           V const d = v - mv;
-          q += d * d;
-        }
+          acc += d * d;
+        });
         if (rest != 0) {
           V v = mv; // the padding lanes give d = 0
           __builtin_memcpy(&v, xr + body, rest * sizeof(C));
