@@ -126,33 +126,6 @@ template <class V>
       out[k] = std::sqrt(x[k]);
 }
 
-/// hi, lo = the high and low 32 bits of a * m lane by lane (a of uint32_t lanes, 16 or 32
-/// bytes): two 32 x 32 -> 64-bit multiplies (pmuludq) a vector for the even and odd lanes.
-template <class U>
-[[gnu::always_inline]] inline void mul_wide_u32(U& hi, U& lo, U const& a,
-                                                std::uint32_t m) noexcept {
-  using U64 = vec<std::uint64_t, sizeof(U)>;
-  U64 const a64 = __builtin_bit_cast(U64, a);
-  U64 pe, po;
-#if defined(__OPTIMIZE__) && (defined(__x86_64__) || defined(__i386__))
-  using I = vec<int, sizeof(U)>;
-  I const mv = I{} + static_cast<int>(m);
-  if constexpr (sizeof(U) == 32) {
-    pe = __builtin_bit_cast(U64, __builtin_ia32_pmuludq256(__builtin_bit_cast(I, a64), mv));
-    po = __builtin_bit_cast(U64, __builtin_ia32_pmuludq256(__builtin_bit_cast(I, a64 >> 32), mv));
-  } else {
-    static_assert(sizeof(U) == 16);
-    pe = __builtin_bit_cast(U64, __builtin_ia32_pmuludq128(__builtin_bit_cast(I, a64), mv));
-    po = __builtin_bit_cast(U64, __builtin_ia32_pmuludq128(__builtin_bit_cast(I, a64 >> 32), mv));
-  }
-#else
-  pe = (a64 & 0xffffffffu) * std::uint64_t{m};
-  po = (a64 >> 32) * std::uint64_t{m};
-#endif
-  hi = __builtin_bit_cast(U, (pe >> 32) | (po & 0xffffffff00000000u));
-  lo = __builtin_bit_cast(U, (pe & 0xffffffffu) | (po << 32));
-}
-
 /// p = (a mod 2^32) m lane by lane, a and p of uint64_t lanes (16 or 32 bytes): pmuludq, which
 /// reads the low 32 bits of each lane only.
 template <class U64>
