@@ -9,6 +9,7 @@
 
 namespace strata::bench {
 void register_linear();
+void register_elementwise();
 void register_ddp_local();
 void register_pipeline();
 #if STRATA_BENCH_MPI
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   }
 #endif
   strata::bench::register_linear();
+  strata::bench::register_elementwise();
   strata::bench::register_ddp_local();
   strata::bench::register_pipeline();
   return strata::bench::run_benchmarks(argc, argv, 0);

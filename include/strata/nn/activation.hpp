@@ -2,9 +2,10 @@
 // (erf) form, and `activation`, the one of them chosen at run time (what the MLP holds).
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
-#include <strata/core/simd.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/layer.hpp>
@@ -19,43 +20,51 @@
 namespace strata::nn {
 
 namespace detail {
-// An op with row functions over f32 (f_row, df_row: SIMD).
+// An op with row functions over f32 (f_row, df_row: W-byte vectors inside a dispatch_isa body).
 template <class Op>
 concept has_row_functions = requires(float const* a, float* b) {
-  Op::f_row(a, b, std::size_t{});
+  Op::template f_row<16>(a, b, std::size_t{});
 };
 
 // Rows of f32 storage and compute go through the op's row functions when it has them.
 template <class T, class C, class Op>
 concept vectorised_op = std::same_as<T, float> && std::same_as<C, float> && has_row_functions<Op>;
 
-// y = Op::f(x) over `features` columns, in C.
+// y = Op::f(x) over `features` columns, in C; f32 rows in the copy of `isa` (core/cpu.hpp).
 template <class T, class C, class Op>
-void elementwise_forward(tensor_view<T const> x, tensor_view<T> y, std::size_t features) {
+void elementwise_forward(tensor_view<T const> x, tensor_view<T> y, std::size_t features,
+                         cpu_isa isa = host_isa()) {
   std::size_t const rows = x.extent(0);
   if constexpr (vectorised_op<T, C, Op>) {
-    for (std::size_t r = 0; r < rows; ++r)
-      Op::f_row(x.data() + r * x.stride(0), y.data() + r * y.stride(0), features);
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      for (std::size_t r = 0; r < rows; ++r)
+        Op::template f_row<W>(x.data() + r * x.stride(0), y.data() + r * y.stride(0), features);
+    });
     return;
   }
+  (void)isa;
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t j = 0; j < features; ++j)
       y(r, j) = from_compute_value<T>(Op::f(to_compute_value<C>(x(r, j))));
 }
 
-// dx = Op::df(x) dy over `features` columns, in C; nothing when dx has no data.
+// dx = Op::df(x) dy over `features` columns, in C; nothing when dx has no data. f32 rows in
+// the copy of `isa`.
 template <class T, class C, class Op>
 void elementwise_backward(tensor_view<T const> x, tensor_view<T const> dy, tensor_view<T> dx,
-                          std::size_t features) {
+                          std::size_t features, cpu_isa isa = host_isa()) {
   if (dx.data() == nullptr) // the input needs no gradient
     return;
   std::size_t const rows = x.extent(0);
   if constexpr (vectorised_op<T, C, Op>) {
-    for (std::size_t r = 0; r < rows; ++r)
-      Op::df_row(x.data() + r * x.stride(0), dy.data() + r * dy.stride(0),
-                 dx.data() + r * dx.stride(0), features);
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      for (std::size_t r = 0; r < rows; ++r)
+        Op::template df_row<W>(x.data() + r * x.stride(0), dy.data() + r * dy.stride(0),
+                               dx.data() + r * dx.stride(0), features);
+    });
     return;
   }
+  (void)isa;
   for (std::size_t r = 0; r < rows; ++r)
     for (std::size_t j = 0; j < features; ++j)
       dx(r, j) = from_compute_value<T>(Op::df(to_compute_value<C>(x(r, j))) *
@@ -99,14 +108,17 @@ struct relu_op {
   static C df(C x) noexcept { return x > C{0} ? C{1} : C{0}; }
 };
 
+// The row functions below work on float or on a float vector of any width (core/cpu.hpp's
+// vec<float, W>): the same operations per lane either way. They take and give vectors by
+// reference (a 32-byte vector by value changes the ABI outside AVX code, -Wpsabi).
+
 // tanh in f32 without a call: Eigen's rational approximation (generic_fast_tanh_float), a
 // degree-13 odd over degree-6 even polynomial on x clamped to +-7.9053 (where tanh is 1 in
-// f32). Within 3e-7 of std::tanh over [-10, 10]. V is float or a 4-lane float vector: the
-// same operations per lane either way.
+// f32). Within 3e-7 of std::tanh over [-10, 10]. out = tanh(x).
 template <class V>
-inline V rational_tanh(V x) noexcept {
-  V const c = x * 0 + 7.90531110763549805f;
-  x = x > c ? c : x;
+[[gnu::always_inline]] inline void rational_tanh(V& out, V const& x_in) noexcept {
+  V const c = x_in * 0 + 7.90531110763549805f;
+  V x = x_in > c ? c : x_in;
   x = x < -c ? -c : x;
   V const x2 = x * x;
   V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
@@ -119,28 +131,12 @@ inline V rational_tanh(V x) noexcept {
   V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
   q = x2 * q + 2.26843463243900e-03f;
   q = x2 * q + 4.89352518554385e-03f;
-  return p / q;
-}
-
-// Applies body(lane values...) -> lane result to n floats, 4 lanes at a time, then one at a
-// time: the body is written once for vectors and scalars.
-template <class Body>
-inline void map_rows(std::size_t n, float* out, Body body, float const* in0,
-                     float const* in1 = nullptr) noexcept {
-  using V = strata::detail::simd<float>::type;
-  std::size_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    V const r = in1 ? body(strata::detail::load<V>(in0 + j), strata::detail::load<V>(in1 + j))
-                    : body(strata::detail::load<V>(in0 + j), V{});
-    strata::detail::store(out + j, r);
-  }
-  for (; j < n; ++j)
-    out[j] = body(in0[j], in1 ? in1[j] : 0.0f);
+  out = p / q;
 }
 
 // gelu(x) = x/2 (1 + tanh(k (x + 0.044715 x^3))), k = sqrt(2/pi): GPT-2's approximation.
-// In f32 the rows go 4 lanes at a time with rational_tanh; f64 and 16-bit storage use
-// std::tanh.
+// In f32 the rows go a vector at a time with rational_tanh (the tail through the same vector
+// body); f64 and 16-bit storage use std::tanh.
 template <class C>
 struct gelu_op {
   static constexpr C k = static_cast<C>(0.7978845608028654);
@@ -151,53 +147,70 @@ struct gelu_op {
     return C{0.5} * (C{1} + t) + C{0.5} * x * (C{1} - t * t) * k * (C{1} + C{3} * a * x * x);
   }
 
-  static void f_row(float const* x, float* y,
-                    std::size_t n) noexcept requires std::is_same_v<C, float> {
-    map_rows(
-        n, y,
-        [](auto v, auto) { return 0.5f * v * (1.0f + rational_tanh(k * (v + a * v * v * v))); }, x);
+  // y = gelu(v), dx = gelu'(v) d: the f32 formulas of the rows, on floats or vectors.
+  template <class V>
+  [[gnu::always_inline]] static void f_lanes(V& y, V const& v) noexcept {
+    V const u = k * (v + a * v * v * v);
+    V t;
+    rational_tanh(t, u);
+    y = 0.5f * v * (1.0f + t);
   }
-  static void df_row(float const* x, float const* dy, float* dx,
-                     std::size_t n) noexcept requires std::is_same_v<C, float> {
-    map_rows(
-        n, dx,
-        [](auto v, auto d) {
-          auto const t = rational_tanh(k * (v + a * v * v * v));
-          return (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v)) *
-                 d;
-        },
-        x, dy);
+  template <class V>
+  [[gnu::always_inline]] static void df_lanes(V& dx, V const& v, V const& d) noexcept {
+    V const u = k * (v + a * v * v * v);
+    V t;
+    rational_tanh(t, u);
+    dx = (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v)) * d;
+  }
+
+  template <std::size_t W>
+  [[gnu::always_inline]] static void
+  f_row(float const* x, float* y, std::size_t n) noexcept requires std::is_same_v<C, float> {
+    strata::detail::vec_map<W, float>(
+        n, [](auto& v, auto& out) { f_lanes(out, v); }, x, y);
+  }
+  template <std::size_t W>
+  [[gnu::always_inline]] static void
+  df_row(float const* x, float const* dy, float* dx,
+         std::size_t n) noexcept requires std::is_same_v<C, float> {
+    strata::detail::vec_map<W, float>(
+        n, [](auto& v, auto& d, auto& out) { df_lanes(out, v, d); }, x, dy, dx);
   }
 };
 
-// floor and 2^m (m an integer value in [-126, 127]) on the lanes, alike for a float and a
-// vector: the integer conversions truncate, and a lane above its argument steps down.
-using lanes_int = int __attribute__((vector_size(16)));
-inline float floor_lanes(float x) noexcept {
-  return std::floor(x);
+// floor and 2^m (m an integer value in [-126, 127]) on the lanes, in place, alike for a float
+// and a vector: the integer conversions truncate, and a lane above its argument steps down.
+template <class V>
+[[gnu::always_inline]] inline void floor_lanes(V& x) noexcept {
+  if constexpr (std::is_same_v<V, float>) {
+    x = std::floor(x);
+  } else {
+    using I = strata::detail::vec<int, sizeof(V)>;
+    V const t = __builtin_convertvector(__builtin_convertvector(x, I), V);
+    x = t > x ? t - 1.0f : t;
+  }
 }
-inline strata::detail::simd<float>::type floor_lanes(strata::detail::simd<float>::type x) noexcept {
-  using V = strata::detail::simd<float>::type;
-  V const t = __builtin_convertvector(__builtin_convertvector(x, lanes_int), V);
-  return t > x ? t - 1.0f : t;
-}
-inline float pow2_lanes(float m) noexcept {
-  return __builtin_bit_cast(float, (static_cast<int>(m) + 127) << 23);
-}
-inline strata::detail::simd<float>::type pow2_lanes(strata::detail::simd<float>::type m) noexcept {
-  lanes_int const bits = (__builtin_convertvector(m, lanes_int) + 127) << 23;
-  return __builtin_bit_cast(strata::detail::simd<float>::type, bits);
+template <class V>
+[[gnu::always_inline]] inline void pow2_lanes(V& m) noexcept {
+  if constexpr (std::is_same_v<V, float>) {
+    m = __builtin_bit_cast(float, (static_cast<int>(m) + 127) << 23);
+  } else {
+    using I = strata::detail::vec<int, sizeof(V)>;
+    I const bits = (__builtin_convertvector(m, I) + 127) << 23;
+    m = __builtin_bit_cast(V, bits);
+  }
 }
 
 // exp in f32 without a call for x <= 0 (what normal_cdf and gelu's derivative take): Cephes'
 // expf, as Eigen's pexp_float: x = m ln 2 + r (m = floor(x log2 e + 1/2), ln 2 in two parts), a
 // degree-5 polynomial for e^r, times 2^m from m's bits; x clamped to >= -87 (e^-87 ~ 1.6e-38
-// is still a normal float). Within 2 ulp of std::exp there.
+// is still a normal float). Within 2 ulp of std::exp there. out = e^x.
 template <class V>
-inline V cephes_exp_nonpositive(V x) noexcept {
-  V const lo = x * 0 - 87.0f;
-  x = x < lo ? lo : x;
-  V const m = floor_lanes(x * 1.44269504088896341f + 0.5f);
+[[gnu::always_inline]] inline void cephes_exp_nonpositive(V& out, V const& x_in) noexcept {
+  V const lo = x_in * 0 - 87.0f;
+  V const x = x_in < lo ? lo : x_in;
+  V m = x * 1.44269504088896341f + 0.5f;
+  floor_lanes(m);
   V r = x - m * 0.693359375f;
   r = r + m * 2.12194440e-4f;
   V const r2 = r * r;
@@ -207,7 +220,8 @@ inline V cephes_exp_nonpositive(V x) noexcept {
   y = y * r + 1.6666665459e-1f;
   y = y * r + 5.0000001201e-1f;
   y = y * r2 + r + 1.0f;
-  return y * pow2_lanes(m);
+  pow2_lanes(m);
+  out = y * m;
 }
 
 // Phi(x), the standard normal distribution function, in f32 without a call: Phi(x) =
@@ -215,24 +229,25 @@ inline V cephes_exp_nonpositive(V x) noexcept {
 // (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + 0.3275911 z), its error below 1.5e-7 (PyTorch's
 // vectorised CPU erf uses the same formula as 1 - erfc). Taken as erfc, the negative tail does
 // not cancel as 1 + erf(x / sqrt 2) would. x Phi(x) is within 2.2e-7 of the exact gelu,
-// relative to max(1, |gelu|), over [-20, 20] (std::erf in f32: 1.2e-7). V is float or a
-// 4-lane float vector.
+// relative to max(1, |gelu|), over [-20, 20] (std::erf in f32: 1.2e-7). out = Phi(x).
 template <class V>
-inline V normal_cdf(V x) noexcept {
+[[gnu::always_inline]] inline void normal_cdf(V& out, V const& x) noexcept {
   V const z = (x < 0 ? -x : x) * 0.70710678118654752440f;
   V const t = 1.0f / (1.0f + 0.3275911f * z);
   V p = t * 1.061405429f + -1.453152027f;
   p = t * p + 1.421413741f;
   p = t * p + -0.284496736f;
   p = t * p + 0.254829592f;
-  V const half_erfc = 0.5f * t * p * cephes_exp_nonpositive(z * 0 - z * z);
-  return x < 0 ? half_erfc : 1.0f - half_erfc;
+  V e;
+  cephes_exp_nonpositive(e, z * 0 - z * z);
+  V const half_erfc = 0.5f * t * p * e;
+  out = x < 0 ? half_erfc : 1.0f - half_erfc;
 }
 
 // gelu(x) = x Phi(x) = x/2 (1 + erf(x / sqrt 2)), the exact form (PyTorch's nn.GELU() default,
 // approximate='none'); gelu'(x) = Phi(x) + x phi(x), phi(x) = exp(-x^2 / 2) / sqrt(2 pi). In
-// f32 the rows go 4 lanes at a time with normal_cdf and cephes_exp_nonpositive; f64 and
-// 16-bit storage use std::erf and std::exp.
+// f32 the rows go a vector at a time with normal_cdf and cephes_exp_nonpositive (the tail
+// through the same vector body); f64 and 16-bit storage use std::erf and std::exp.
 template <class C>
 struct gelu_erf_op {
   static constexpr C inv_sqrt2 = static_cast<C>(0.70710678118654752440);
@@ -242,19 +257,33 @@ struct gelu_erf_op {
     return C{0.5} * (C{1} + std::erf(x * inv_sqrt2)) + x * inv_sqrt_2pi * std::exp(C{-0.5} * x * x);
   }
 
-  static void f_row(float const* x, float* y,
-                    std::size_t n) noexcept requires std::is_same_v<C, float> {
-    map_rows(
-        n, y, [](auto v, auto) { return v * normal_cdf(v); }, x);
+  // y = gelu(v), dx = gelu'(v) d: the f32 formulas of the rows, on floats or vectors.
+  template <class V>
+  [[gnu::always_inline]] static void f_lanes(V& y, V const& v) noexcept {
+    V phi;
+    normal_cdf(phi, v);
+    y = v * phi;
   }
-  static void df_row(float const* x, float const* dy, float* dx,
-                     std::size_t n) noexcept requires std::is_same_v<C, float> {
-    map_rows(
-        n, dx,
-        [](auto v, auto d) {
-          return (normal_cdf(v) + v * inv_sqrt_2pi * cephes_exp_nonpositive(-0.5f * v * v)) * d;
-        },
-        x, dy);
+  template <class V>
+  [[gnu::always_inline]] static void df_lanes(V& dx, V const& v, V const& d) noexcept {
+    V phi, e;
+    normal_cdf(phi, v);
+    cephes_exp_nonpositive(e, -0.5f * v * v);
+    dx = (phi + v * inv_sqrt_2pi * e) * d;
+  }
+
+  template <std::size_t W>
+  [[gnu::always_inline]] static void
+  f_row(float const* x, float* y, std::size_t n) noexcept requires std::is_same_v<C, float> {
+    strata::detail::vec_map<W, float>(
+        n, [](auto& v, auto& out) { f_lanes(out, v); }, x, y);
+  }
+  template <std::size_t W>
+  [[gnu::always_inline]] static void
+  df_row(float const* x, float const* dy, float* dx,
+         std::size_t n) noexcept requires std::is_same_v<C, float> {
+    strata::detail::vec_map<W, float>(
+        n, [](auto& v, auto& d, auto& out) { df_lanes(out, v, d); }, x, dy, dx);
   }
 };
 } // namespace detail

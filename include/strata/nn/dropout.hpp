@@ -3,20 +3,26 @@
 // the embedding's output).
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/philox.hpp>
 #include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
 #include <strata/nn/layer.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace strata::nn {
 
@@ -37,14 +43,138 @@ inline random_key dropout_key(std::string const& name, layer_context const& ctx)
 
 /// keep[j] = 1 when uniform<float>(key, first + j) >= p, else 0, for j < n: the keep mask of
 /// n consecutive elements of a dropout stream, one Philox block per 4 elements (the same bits
-/// as uniform<float> element by element).
+/// as uniform<float> element by element). The whole blocks go W / 4 blocks at a time (Philox's
+/// rounds on uint32_t lanes) in the copy of `isa` (core/cpu.hpp); integer arithmetic and exact
+/// conversions, so the same bits in either copy.
 inline void draw_keep_mask(std::uint8_t* keep, std::size_t n, random_key key, std::uint64_t first,
-                           float p) noexcept {
-  strata::detail::fill_blocks<float>(std::span<std::uint8_t>(keep, n), key, first,
-                                     [p](philox_counter const& w, std::uint64_t lane) {
-                                       return static_cast<std::uint8_t>(
-                                           strata::detail::uniform_lane<float>(w, lane) >= p);
-                                     });
+                           float p, cpu_isa isa = host_isa()) noexcept {
+  auto one_by_one = [&](std::size_t from, std::size_t to) {
+    strata::detail::fill_blocks<float>(
+        std::span<std::uint8_t>(keep + from, to - from), key, first + from,
+        [p](philox_counter const& w, std::uint64_t lane) {
+          return static_cast<std::uint8_t>(strata::detail::uniform_lane<float>(w, lane) >= p);
+        });
+  };
+  std::size_t const head = std::min<std::size_t>(n, (4 - first % 4) % 4);
+  one_by_one(0, head);
+  std::size_t done = head;
+  // u = (w >> 8) 2^-24 >= p, u a multiple of 2^-24 and 0 <= p < 1, is w >= 2^8 ceil(p 2^24)
+  // (p 2^24 is exact in double; the threshold is at most 2^32 - 2^8).
+  auto const threshold = static_cast<std::uint32_t>(std::ceil(static_cast<double>(p) * 0x1p24))
+                         << 8;
+  strata::detail::run_isa(isa, [&]<std::size_t W>() {
+    // A block's words in the low halves of 64-bit lanes, W / 8 blocks a vector: pmuludq reads
+    // the low halves only, so what the high halves hold does not matter.
+    using U64 = strata::detail::vec<std::uint64_t, W>;
+    using U = strata::detail::vec<std::uint32_t, W>;
+    constexpr std::size_t L = W / 8; // blocks a vector
+    auto const k0 = static_cast<std::uint32_t>(key.key);
+    auto const k1 = static_cast<std::uint32_t>(key.key >> 32);
+    U64 const s0 = U64{} + static_cast<std::uint32_t>(key.stream);
+    U64 const s1 = U64{} + static_cast<std::uint32_t>(key.stream >> 32);
+    // One round on two sets of L blocks (two independent chains hide the multiplies' latency).
+    auto round = [](U64& a0, U64& a1, U64& a2, U64& a3, U64 const& r0, U64 const& r1) {
+      U64 p0, p1;
+      strata::detail::mul_u32_lo(p0, a0, 0xD2511F53u);
+      strata::detail::mul_u32_lo(p1, a2, 0xCD9E8D57u);
+      a0 = (p1 >> 32) ^ a1 ^ r0;
+      a1 = p1;
+      a2 = (p0 >> 32) ^ a3 ^ r1;
+      a3 = p0;
+    };
+    // keep = w >= threshold, as the carry of (w mod 2^32) + 2^32 - threshold; a block's four
+    // bytes in the low 32 bits of its lane, then the lanes' low halves stored in order.
+    std::uint64_t const bias = (std::uint64_t{1} << 32) - threshold;
+    auto emit = [bias](std::uint8_t* out, U64 const& a0, U64 const& a1, U64 const& a2,
+                       U64 const& a3) {
+      U64 const m = U64{} + 0xffffffffu, b = U64{} + bias;
+      U64 const bytes = ((a0 & m) + b) >> 32 | ((a1 & m) + b) >> 32 << 8 |
+                        ((a2 & m) + b) >> 32 << 16 | ((a3 & m) + b) >> 32 << 24;
+      U const words = __builtin_bit_cast(U, bytes);
+      if constexpr (L == 4) {
+        strata::detail::vec<std::uint32_t, 16> const low =
+            __builtin_shufflevector(words, words, 0, 2, 4, 6);
+        strata::detail::vstore(out, low);
+      } else {
+        for (std::size_t k = 0; k < L; ++k) {
+          std::uint32_t const v = words[2 * k];
+          __builtin_memcpy(out + 4 * k, &v, 4);
+        }
+      }
+    };
+    U64 rk0[10], rk1[10]; // the round keys
+    rk0[0] = U64{} + k0;
+    rk1[0] = U64{} + k1;
+    for (int r = 1; r < 10; ++r) {
+      rk0[r] = (rk0[r - 1] + 0x9E3779B9u) & 0xffffffffu;
+      rk1[r] = (rk1[r - 1] + 0xBB67AE85u) & 0xffffffffu;
+    }
+    U64 iota;
+    for (std::size_t k = 0; k < L; ++k)
+      iota[k] = k;
+    for (; done + 8 * L <= n; done += 8 * L) {
+      std::uint64_t const block0 = (first + done) / 4;
+      U64 const a0_full = iota + block0, b0_full = a0_full + L; // whole block indices
+      U64 a0 = a0_full, a1 = a0_full >> 32, b0 = b0_full, b1 = b0_full >> 32;
+      U64 a2 = s0, a3 = s1, b2 = s0, b3 = s1;
+      for (int r = 0; r < 10; ++r) { // philox4x32<10>, lane by lane
+        round(a0, a1, a2, a3, rk0[r], rk1[r]);
+        round(b0, b1, b2, b3, rk0[r], rk1[r]);
+      }
+      emit(keep + done, a0, a1, a2, a3);
+      emit(keep + done + 4 * L, b0, b1, b2, b3);
+    }
+  });
+  one_by_one(done, n);
+}
+
+/// y = m ? x scale : 0 element by element, m the keep mask of the rows (one byte an element,
+/// row r at m + r * features) over rows [first_row, end_row), in C; x and y may be the same
+/// view. With T = C W-byte vectors
+/// at a time in the copy of `isa` (core/cpu.hpp): one IEEE product an element either way.
+template <class T, class C>
+void apply_keep_mask(tensor_view<T const> x, tensor_view<T> y, std::uint8_t const* m,
+                     std::size_t features, C scale, std::size_t first_row, std::size_t end_row,
+                     cpu_isa isa = host_isa()) {
+  if constexpr (std::is_same_v<T, C>) {
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      using V = strata::detail::vec<C, W>;
+      constexpr std::size_t L = W / sizeof(C);
+      using I =
+          strata::detail::vec<std::conditional_t<sizeof(C) == 4, std::int32_t, std::int64_t>, W>;
+      using M = strata::detail::vec<std::uint8_t, L>;
+      for (std::size_t r = first_row; r < end_row; ++r) {
+        T const* xr = x.data() + r * x.stride(0);
+        T* yr = y.data() + r * y.stride(0);
+        std::uint8_t const* mr = m + r * features;
+        std::size_t j = 0;
+        for (; j + L <= features; j += L) {
+          V v;
+          M mb;
+          strata::detail::vload(v, xr + j);
+          strata::detail::vload(mb, mr + j);
+          I const keep = __builtin_convertvector(mb, I);
+          V const out = keep != 0 ? v * scale : V{};
+          strata::detail::vstore(yr + j, out);
+        }
+        for (; j < features; ++j)
+          yr[j] = mr[j] ? xr[j] * scale : C{0};
+      }
+    });
+    return;
+  }
+  (void)isa;
+  for (std::size_t r = first_row; r < end_row; ++r)
+    for (std::size_t j = 0; j < features; ++j)
+      y(r, j) =
+          from_compute_value<T>(m[r * features + j] ? to_compute_value<C>(x(r, j)) * scale : C{0});
+}
+
+/// y = x over the rows' first `features` columns (x and y may be the same view).
+template <class T>
+void copy_rows(tensor_view<T const> x, tensor_view<T> y, std::size_t features) {
+  for (std::size_t r = 0; r < x.extent(0); ++r)
+    std::memmove(y.data() + r * y.stride(0), x.data() + r * x.stride(0), features * sizeof(T));
 }
 
 } // namespace detail
@@ -89,40 +219,31 @@ public:
     std::size_t const rows = x.extent(0);
     s.active = active(ctx);
     if (!s.active) {
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t j = 0; j < features_; ++j)
-          y(r, j) = x(r, j);
+      detail::copy_rows(x, y, features_);
       return;
     }
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
     std::uint8_t* m = s.mask.get(rows, features_).data();
-    detail::draw_keep_mask(m, rows * features_, key(ctx), ctx.first_row * features_,
-                           static_cast<float>(p_));
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t j = 0; j < features_; ++j) {
-        std::size_t const e = r * features_ + j;
-        y(r, j) = detail::from_compute_value<T>(m[e] ? detail::to_compute_value<C>(x(r, j)) * scale
-                                                     : C{0});
-      }
+    // The mask drawn and applied a few rows at a time, while they are in cache.
+    std::size_t const chunk = std::max<std::size_t>(1, 16384 / std::max<std::size_t>(1, features_));
+    for (std::size_t r = 0; r < rows; r += chunk) {
+      std::size_t const end = std::min(rows, r + chunk);
+      detail::draw_keep_mask(m + r * features_, (end - r) * features_, key(ctx),
+                             (ctx.first_row + r) * features_, static_cast<float>(p_));
+      detail::apply_keep_mask<T, C>(x, y, m, features_, scale, r, end);
+    }
   }
 
-  void backward(layer_context const&, tensor_view<T const> x, saved_type const& s,
+  void backward(layer_context const&, tensor_view<T const>, saved_type const& s,
                 tensor_view<T const> dy, tensor_view<T> dx) {
     if (dx.data() == nullptr) // the input needs no gradient
       return;
-    std::size_t const rows = x.extent(0);
     if (!s.active) {
-      for (std::size_t r = 0; r < rows; ++r)
-        for (std::size_t j = 0; j < features_; ++j)
-          dx(r, j) = dy(r, j);
+      detail::copy_rows(dy, dx, features_);
       return;
     }
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
-    std::uint8_t const* m = s.mask.data();
-    for (std::size_t r = 0; r < rows; ++r)
-      for (std::size_t j = 0; j < features_; ++j)
-        dx(r, j) = detail::from_compute_value<T>(
-            m[r * features_ + j] ? detail::to_compute_value<C>(dy(r, j)) * scale : C{0});
+    detail::apply_keep_mask<T, C>(dy, dx, s.mask.data(), features_, scale, 0, dy.extent(0));
   }
 
 private:

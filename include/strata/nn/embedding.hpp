@@ -21,9 +21,11 @@
 // for bit.
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
@@ -37,6 +39,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 namespace strata::nn {
 
@@ -60,7 +63,20 @@ inline void check_embedding_ids(layer_context const& ctx, tensor_view<std::int32
 /// row-major with `features` columns.
 template <class C, class T>
 void embedding_lookup(tensor_view<std::int32_t const> ids, T const* te, T const* pe,
-                      std::size_t features, std::size_t seq, tensor_view<T> y) {
+                      std::size_t features, std::size_t seq, tensor_view<T> y,
+                      cpu_isa isa = host_isa()) {
+  if constexpr (std::is_same_v<T, C>) { // one IEEE addition an element, W-byte vectors
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      for (std::size_t r = 0; r < ids.extent(0); ++r) {
+        std::size_t const id = static_cast<std::size_t>(ids(r)), pos = r % seq;
+        strata::detail::vec_map<W, T>(
+            features, [](auto& t, auto& p, auto& out) { out = t + p; }, te + id * features,
+            pe + pos * features, y.data() + r * y.stride(0));
+      }
+    });
+    return;
+  }
+  (void)isa;
   for (std::size_t r = 0; r < ids.extent(0); ++r) {
     std::size_t const id = static_cast<std::size_t>(ids(r)), pos = r % seq;
     for (std::size_t j = 0; j < features; ++j)
@@ -75,7 +91,22 @@ template <class C, class T>
 void embedding_scatter_add(tensor_view<std::int32_t const> ids, tensor_view<T const> dy,
                            std::size_t features, std::size_t seq, T* te, T* pe,
                            std::size_t begin = 0,
-                           std::size_t end = std::numeric_limits<std::size_t>::max()) {
+                           std::size_t end = std::numeric_limits<std::size_t>::max(),
+                           cpu_isa isa = host_isa()) {
+  if constexpr (std::is_same_v<T, C>) { // one IEEE addition an element, rows in order
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      auto add = [](auto& g, auto& d) { g = g + d; };
+      for (std::size_t r = 0; r < ids.extent(0); ++r) {
+        std::size_t const id = static_cast<std::size_t>(ids(r)), pos = r % seq;
+        T const* d = dy.data() + r * dy.stride(0);
+        if (id >= begin && id < end)
+          strata::detail::vec_map<W, T>(features, add, te + (id - begin) * features, d);
+        strata::detail::vec_map<W, T>(features, add, pe + pos * features, d);
+      }
+    });
+    return;
+  }
+  (void)isa;
   auto add = [](T& g, T d) {
     g = from_compute_value<T>(to_compute_value<C>(g) + to_compute_value<C>(d));
   };

@@ -3,8 +3,10 @@
 // then partial sums that it all-reduces over the group.
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
@@ -16,8 +18,206 @@
 #include <cstddef>
 #include <span>
 #include <string>
+#include <type_traits>
 
 namespace strata::nn {
+
+namespace detail {
+
+/// The forward of layer_norm over the rows of x (n features): y = (x - mean) rstd w + b, the
+/// mean and rstd of row r into st[2r], st[2r + 1]. With T = C the rows go W-byte vectors at a
+/// time in the copy of `isa` (core/cpu.hpp): each of a row's sums accumulates lane by lane in
+/// four vector accumulators (vector j into j mod 4) in index order, then (0 + 1) + (2 + 3),
+/// the tail zero-padded, then the lanes in order, so a row's statistics depend on the row
+/// alone (within one copy). 16-bit storage goes element by element.
+template <class T, class C>
+void layer_norm_forward(tensor_view<T const> x, tensor_view<T> y, T const* w, T const* b, C eps,
+                        C* st, std::size_t n, cpu_isa isa = host_isa()) {
+  std::size_t const rows = x.extent(0);
+  if constexpr (std::is_same_v<T, C>) {
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      using V = strata::detail::vec<C, W>;
+      constexpr std::size_t L = W / sizeof(C);
+      for (std::size_t r = 0; r < rows; ++r) {
+        T const* xr = x.data() + r * x.stride(0);
+        T* yr = y.data() + r * y.stride(0);
+        std::size_t const body = n / L * L, rest = n - body;
+        // Four accumulators (vectors j mod 4), for the adds' latency: (s0 + s1) + (s2 + s3).
+        auto row_sum = [&](V& total, auto const& term) {
+          V s0{}, s1{}, s2{}, s3{};
+          std::size_t j = 0;
+          for (; j + 4 * L <= body; j += 4 * L) {
+            term(s0, j);
+            term(s1, j + L);
+            term(s2, j + 2 * L);
+            term(s3, j + 3 * L);
+          }
+          for (; j < body; j += L)
+            term(s0, j);
+          total = (s0 + s1) + (s2 + s3);
+        };
+        V s;
+        row_sum(s, [&](V& acc, std::size_t j) {
+          V v;
+          strata::detail::vload(v, xr + j);
+          acc += v;
+        });
+        if (rest != 0) {
+          V v{};
+          __builtin_memcpy(&v, xr + body, rest * sizeof(C));
+          s += v;
+        }
+        C mean{0};
+        for (std::size_t k = 0; k < L; ++k)
+          mean += s[k];
+        mean /= static_cast<C>(n);
+        V const mv = V{} + mean;
+        V q;
+        row_sum(q, [&](V& acc, std::size_t j) {
+          V v;
+          strata::detail::vload(v, xr + j);
+          V const d = v - mv;
+          acc += d * d;
+        });
+        if (rest != 0) {
+          V v = mv; // the padding lanes give d = 0
+          __builtin_memcpy(&v, xr + body, rest * sizeof(C));
+          V const d = v - mv;
+          q += d * d;
+        }
+        C var{0};
+        for (std::size_t k = 0; k < L; ++k)
+          var += q[k];
+        var /= static_cast<C>(n);
+        C const rstd = C{1} / std::sqrt(var + eps);
+        st[2 * r] = mean;
+        st[2 * r + 1] = rstd;
+        V const rv = V{} + rstd;
+        strata::detail::vec_map<W, C>(
+            n, [&](auto& xv, auto& wv, auto& bv, auto& yv) { yv = (xv - mv) * rv * wv + bv; }, xr,
+            w, b, yr);
+      }
+    });
+    return;
+  }
+  (void)isa;
+  for (std::size_t r = 0; r < rows; ++r) {
+    T const* xr = x.data() + r * x.stride(0);
+    T* yr = y.data() + r * y.stride(0);
+    C mean{0};
+    for (std::size_t j = 0; j < n; ++j)
+      mean += to_compute_value<C>(xr[j]);
+    mean /= static_cast<C>(n);
+    C var{0};
+    for (std::size_t j = 0; j < n; ++j) {
+      C const d = to_compute_value<C>(xr[j]) - mean;
+      var += d * d;
+    }
+    var /= static_cast<C>(n);
+    C const rstd = C{1} / std::sqrt(var + eps);
+    st[2 * r] = mean;
+    st[2 * r + 1] = rstd;
+    for (std::size_t j = 0; j < n; ++j)
+      yr[j] = from_compute_value<T>((to_compute_value<C>(xr[j]) - mean) * rstd *
+                                        to_compute_value<C>(w[j]) +
+                                    to_compute_value<C>(b[j]));
+  }
+}
+
+/// The backward of layer_norm over the rows of x: dx (when it has data) from the saved
+/// statistics st, and dw += sum over rows of dy xhat, db += sum of dy, the sums in C in acc
+/// (2n elements, overwritten). With T = C the rows go W-byte vectors at a time in the copy of
+/// `isa`, each row's two sums lane by lane in index order then the lanes in order.
+template <class T, class C>
+void layer_norm_backward(tensor_view<T const> x, tensor_view<T const> dy, tensor_view<T> dx,
+                         T const* w, C const* st, C* acc, T* dw, T* db, std::size_t n,
+                         cpu_isa isa = host_isa()) {
+  std::size_t const rows = x.extent(0);
+  for (std::size_t j = 0; j < 2 * n; ++j)
+    acc[j] = C{0};
+  if constexpr (std::is_same_v<T, C>) {
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      using V = strata::detail::vec<C, W>;
+      constexpr std::size_t L = W / sizeof(C);
+      for (std::size_t r = 0; r < rows; ++r) {
+        T const* xr = x.data() + r * x.stride(0);
+        T const* dyr = dy.data() + r * dy.stride(0);
+        V const mv = V{} + st[2 * r], rv = V{} + st[2 * r + 1];
+        V sg{}, sgx{};
+        // The padding lanes have dy = 0: they add 0 to the sums.
+        strata::detail::vec_map<W, C>(
+            n,
+            [&](auto& xv, auto& dv, auto& wv, auto& aw, auto& ab) {
+              V const xh = (xv - mv) * rv;
+              V const g = dv * wv;
+              aw += dv * xh;
+              ab += dv;
+              sg += g;
+              sgx += g * xh;
+            },
+            xr, dyr, w, acc, acc + n);
+        if (dx.data() == nullptr)
+          continue;
+        C sum_g{0}, sum_gx{0};
+        for (std::size_t k = 0; k < L; ++k) {
+          sum_g += sg[k];
+          sum_gx += sgx[k];
+        }
+        sum_g /= static_cast<C>(n);
+        sum_gx /= static_cast<C>(n);
+        V const sgv = V{} + sum_g, sgxv = V{} + sum_gx;
+        strata::detail::vec_map<W, C>(
+            n,
+            [&](auto& xv, auto& dv, auto& wv, auto& out) {
+              V const xh = (xv - mv) * rv;
+              V const g = dv * wv;
+              out = rv * (g - sgv - xh * sgxv);
+            },
+            xr, dyr, w, dx.data() + r * dx.stride(0));
+      }
+      strata::detail::vec_map<W, C>(
+          n,
+          [](auto& a, auto& b2, auto& gw, auto& gb) {
+            gw += a;
+            gb += b2;
+          },
+          static_cast<C const*>(acc), static_cast<C const*>(acc + n), dw, db);
+    });
+    return;
+  }
+  (void)isa;
+  for (std::size_t r = 0; r < rows; ++r) {
+    T const* xr = x.data() + r * x.stride(0);
+    T const* dyr = dy.data() + r * dy.stride(0);
+    C const mean = st[2 * r], rstd = st[2 * r + 1];
+    C sum_g{0}, sum_gx{0};
+    for (std::size_t j = 0; j < n; ++j) {
+      C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
+      C const d = to_compute_value<C>(dyr[j]);
+      C const g = d * to_compute_value<C>(w[j]);
+      acc[j] += d * xh;
+      acc[n + j] += d;
+      sum_g += g;
+      sum_gx += g * xh;
+    }
+    sum_g /= static_cast<C>(n);
+    sum_gx /= static_cast<C>(n);
+    if (dx.data() == nullptr)
+      continue;
+    T* dxr = dx.data() + r * dx.stride(0);
+    for (std::size_t j = 0; j < n; ++j) {
+      C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
+      C const g = to_compute_value<C>(dyr[j]) * to_compute_value<C>(w[j]);
+      dxr[j] = from_compute_value<T>(rstd * (g - sum_g - xh * sum_gx));
+    }
+  }
+  for (std::size_t j = 0; j < n; ++j) {
+    dw[j] = from_compute_value<T>(to_compute_value<C>(dw[j]) + acc[j]);
+    db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + acc[n + j]);
+  }
+}
+
+} // namespace detail
 
 /// y = (x - mean) / sqrt(var + eps) * weight + bias per row, var the biased variance, in C.
 /// Parameters "<name>.weight" (ones) and "<name>.bias" (zeros), [features]. Saves the mean and
@@ -71,33 +271,9 @@ public:
   }
 
   void forward(layer_context const&, tensor_view<T const> x, tensor_view<T> y, saved_type& s) {
-    using detail::from_compute_value;
-    using detail::to_compute_value;
-    std::size_t const rows = x.extent(0), n = features_;
-    C* st = s.stats.get(rows, 2).data();
-    T const* w = weight_.value().data();
-    T const* b = bias_.value().data();
-    for (std::size_t r = 0; r < rows; ++r) {
-      T const* xr = x.data() + r * x.stride(0);
-      T* yr = y.data() + r * y.stride(0);
-      C mean{0};
-      for (std::size_t j = 0; j < n; ++j)
-        mean += to_compute_value<C>(xr[j]);
-      mean /= static_cast<C>(n);
-      C var{0};
-      for (std::size_t j = 0; j < n; ++j) {
-        C const d = to_compute_value<C>(xr[j]) - mean;
-        var += d * d;
-      }
-      var /= static_cast<C>(n);
-      C const rstd = C{1} / std::sqrt(var + static_cast<C>(eps_));
-      st[2 * r] = mean;
-      st[2 * r + 1] = rstd;
-      for (std::size_t j = 0; j < n; ++j)
-        yr[j] = from_compute_value<T>((to_compute_value<C>(xr[j]) - mean) * rstd *
-                                          to_compute_value<C>(w[j]) +
-                                      to_compute_value<C>(b[j]));
-    }
+    detail::layer_norm_forward<T, C>(x, y, weight_.value().data(), bias_.value().data(),
+                                     static_cast<C>(eps_), s.stats.get(x.extent(0), 2).data(),
+                                     features_);
   }
 
   void backward(layer_context const& ctx, tensor_view<T const> x, saved_type const& s,
@@ -126,45 +302,9 @@ private:
   // The backward of this rank's rows: dx, and the gradients += their rows' sums.
   void local_backward(tensor_view<T const> x, saved_type const& s, tensor_view<T const> dy,
                       tensor_view<T> dx) {
-    using detail::from_compute_value;
-    using detail::to_compute_value;
-    std::size_t const rows = x.extent(0), n = features_;
-    C const* st = s.stats.data();
-    T const* w = weight_.value().data();
-    C* acc = acc_.get(2, n).data(); // dweight, dbias sums in C
-    for (std::size_t j = 0; j < 2 * n; ++j)
-      acc[j] = C{0};
-    for (std::size_t r = 0; r < rows; ++r) {
-      T const* xr = x.data() + r * x.stride(0);
-      T const* dyr = dy.data() + r * dy.stride(0);
-      C const mean = st[2 * r], rstd = st[2 * r + 1];
-      C sum_g{0}, sum_gx{0};
-      for (std::size_t j = 0; j < n; ++j) {
-        C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
-        C const d = to_compute_value<C>(dyr[j]);
-        C const g = d * to_compute_value<C>(w[j]);
-        acc[j] += d * xh;
-        acc[n + j] += d;
-        sum_g += g;
-        sum_gx += g * xh;
-      }
-      sum_g /= static_cast<C>(n);
-      sum_gx /= static_cast<C>(n);
-      if (dx.data() == nullptr)
-        continue;
-      T* dxr = dx.data() + r * dx.stride(0);
-      for (std::size_t j = 0; j < n; ++j) {
-        C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
-        C const g = to_compute_value<C>(dyr[j]) * to_compute_value<C>(w[j]);
-        dxr[j] = from_compute_value<T>(rstd * (g - sum_g - xh * sum_gx));
-      }
-    }
-    T* dw = weight_.grad().data();
-    T* db = bias_.grad().data();
-    for (std::size_t j = 0; j < n; ++j) {
-      dw[j] = from_compute_value<T>(to_compute_value<C>(dw[j]) + acc[j]);
-      db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + acc[n + j]);
-    }
+    detail::layer_norm_backward<T, C>(x, dy, dx, weight_.value().data(), s.stats.data(),
+                                      acc_.get(2, features_).data(), weight_.grad().data(),
+                                      bias_.grad().data(), features_);
   }
 
   std::string name_;

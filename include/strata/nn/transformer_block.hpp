@@ -16,8 +16,10 @@
 // one device's mask; attention, which sees the micro-batch's every row, draws its heads' part.
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/nn/activation.hpp>
 #include <strata/nn/attention.hpp>
 #include <strata/nn/context.hpp>
@@ -57,9 +59,21 @@ inline init_rule block_proj_rule(block_options const& o) {
           o.n_layers > 0 ? 0.02 / std::sqrt(2.0 * static_cast<double>(o.n_layers)) : 0.02};
 }
 
-/// y += x elementwise, in C (the residual connection).
+/// y += x elementwise, in C (the residual connection); with T = C W-byte vectors at a time in
+/// the copy of `isa` (core/cpu.hpp), one IEEE addition an element either way.
 template <class C, class T>
-void residual_add(tensor_view<T> y, std::type_identity_t<tensor_view<T const>> x) {
+void residual_add(tensor_view<T> y, std::type_identity_t<tensor_view<T const>> x,
+                  cpu_isa isa = host_isa()) {
+  if constexpr (std::is_same_v<T, C>) {
+    strata::detail::run_isa(isa, [&]<std::size_t W>() {
+      for (std::size_t r = 0; r < y.extent(0); ++r)
+        strata::detail::vec_map<W, T>(
+            y.extent(1), [](auto& yv, auto& xv) { yv = yv + xv; }, y.data() + r * y.stride(0),
+            x.data() + r * x.stride(0));
+    });
+    return;
+  }
+  (void)isa;
   for (std::size_t r = 0; r < y.extent(0); ++r)
     for (std::size_t j = 0; j < y.extent(1); ++j)
       y(r, j) = from_compute_value<T>(to_compute_value<C>(y(r, j)) + to_compute_value<C>(x(r, j)));

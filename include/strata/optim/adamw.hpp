@@ -1,7 +1,9 @@
 // AdamW: Adam with decoupled weight decay and bias correction, as torch.optim.AdamW.
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/error.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/optim/detail/number_text.hpp>
 #include <strata/optim/optimizer.hpp>
 #include <strata/optim/state.hpp>
@@ -50,26 +52,52 @@ struct adamw_coefficients {
 //   p = p + (-lr / (1 - beta1^t)) * (m / denom)
 // which is Loshchilov & Hutter's AdamW: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)),
 // with the decay applied first.
+//
+// Run W-byte vectors at a time in the copy of `isa` (core/cpu.hpp), the tail through the same
+// vector body; no product is fused into the sum it feeds (no_contract), and the square root
+// and division are IEEE's, so either copy gives these operations' bits.
 template <bool LerpLowWeight, class T>
 void adamw_update(std::span<T> p, std::span<T const> grad, T* m, T* v,
-                  adamw_coefficients<T> const& c) noexcept {
+                  adamw_coefficients<T> const& c, cpu_isa isa = host_isa()) noexcept {
+  using strata::detail::no_contract;
   std::size_t const n = p.size();
   T const w = c.one_minus_beta1;
   T const one_minus_w = T(1) - w;
-  for (std::size_t i = 0; i < n; ++i) {
-    T const pi = p[i] * c.decay;
-    T const g = grad[i] * c.grad_scale;
-    T mi;
-    if constexpr (LerpLowWeight)
-      mi = m[i] + w * (g - m[i]);
-    else
-      mi = g - (g - m[i]) * one_minus_w;
-    T const vi = v[i] * c.beta2 + c.one_minus_beta2 * g * g;
-    T const denom = std::sqrt(vi) / c.bias_correction2_sqrt + c.eps;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi + c.neg_step_size * (mi / denom);
-  }
+  strata::detail::run_isa(isa, [&]<std::size_t W>() {
+    using V = strata::detail::vec<T, W>;
+    strata::detail::vec_map<W, T>(
+        n,
+        [&](V& gi, V& pv, V& mv, V& vv) {
+          V pi = pv * c.decay;
+          no_contract(pi);
+          V g = gi * c.grad_scale;
+          no_contract(g);
+          V mi;
+          if constexpr (LerpLowWeight) {
+            V step = w * (g - mv);
+            no_contract(step);
+            mi = mv + step;
+          } else {
+            V step = (g - mv) * one_minus_w;
+            no_contract(step);
+            mi = g - step;
+          }
+          V kept = vv * c.beta2;
+          V added = c.one_minus_beta2 * g * g;
+          no_contract(kept);
+          no_contract(added);
+          V const vi = kept + added;
+          V root;
+          strata::detail::vsqrt(root, vi);
+          V const denom = root / c.bias_correction2_sqrt + c.eps;
+          V delta = c.neg_step_size * (mi / denom);
+          no_contract(delta);
+          mv = mi;
+          vv = vi;
+          pv = pi + delta;
+        },
+        grad.data(), p.data(), m, v);
+  });
 }
 
 } // namespace detail

@@ -1,8 +1,9 @@
 // SGD with momentum, dampening, Nesterov momentum and L2 weight decay, as torch.optim.SGD.
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/error.hpp>
-#include <strata/core/simd.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/optim/detail/number_text.hpp>
 #include <strata/optim/optimizer.hpp>
 #include <strata/optim/state.hpp>
@@ -44,50 +45,61 @@ struct sgd_coefficients {
 //   b = b * mu + (1 - d) * g                           (later steps)
 //   g = g + mu * b  (nesterov)   or   g = b            (when mu != 0)
 //   p = p + (-lr) * g
+//
+// Run W-byte vectors at a time in the copy of `isa` (core/cpu.hpp), the tail through the same
+// vector body; no product is fused into the sum it feeds (no_contract), so every element gets
+// these operations rounded one by one in either copy: the same bits on any machine.
 template <bool WeightDecay, bool Momentum, bool Nesterov, bool First, class T>
-void sgd_update(std::span<T> p, std::span<T const> grad, T* buf,
-                sgd_coefficients<T> const& c) noexcept {
-  // One body for scalars and SIMD vectors: the same operations per element, so the same bits.
-  auto update = [&c](auto g, auto pi, auto& b) {
+void sgd_update(std::span<T> p, std::span<T const> grad, T* buf, sgd_coefficients<T> const& c,
+                cpu_isa isa = host_isa()) noexcept {
+  using strata::detail::no_contract;
+  // One body for all the lanes: the same operations per element, so the same bits.
+  auto update = [&c](auto& g, auto& pi, auto& b) {
     g = g * c.grad_scale;
-    if constexpr (WeightDecay)
-      g = g + c.weight_decay * pi;
-    if constexpr (Momentum) {
-      if constexpr (First)
-        b = g;
-      else
-        b = b * c.momentum + c.one_minus_dampening * g;
-      if constexpr (Nesterov)
-        g = g + c.momentum * b;
-      else
-        g = b;
+    no_contract(g);
+    if constexpr (WeightDecay) {
+      auto decay = c.weight_decay * pi;
+      no_contract(decay);
+      g = g + decay;
     }
-    return pi + c.neg_lr * g;
+    if constexpr (Momentum) {
+      if constexpr (First) {
+        b = g;
+      } else {
+        auto kept = b * c.momentum;
+        auto added = c.one_minus_dampening * g;
+        no_contract(kept);
+        no_contract(added);
+        b = kept + added;
+      }
+      if constexpr (Nesterov) {
+        auto ahead = c.momentum * b;
+        no_contract(ahead);
+        g = g + ahead;
+      } else {
+        g = b;
+      }
+    }
+    auto delta = c.neg_lr * g;
+    no_contract(delta);
+    pi = pi + delta;
   };
-  using V = typename strata::detail::simd<T>::type;
-  constexpr std::size_t L = strata::detail::simd<T>::lanes;
   std::size_t const n = p.size();
   T* const pd = p.data();
   T const* const gd = grad.data();
-  std::size_t i = 0;
-  for (; i + L <= n; i += L) {
-    V b{};
-    if constexpr (Momentum && !First)
-      b = strata::detail::load<V>(buf + i);
-    V const out = update(strata::detail::load<V>(gd + i), strata::detail::load<V>(pd + i), b);
-    if constexpr (Momentum)
-      strata::detail::store(buf + i, b);
-    strata::detail::store(pd + i, out);
-  }
-  for (; i < n; ++i) {
-    T b{};
-    if constexpr (Momentum && !First)
-      b = buf[i];
-    T const out = update(gd[i], pd[i], b);
-    if constexpr (Momentum)
-      buf[i] = b;
-    pd[i] = out;
-  }
+  strata::detail::run_isa(isa, [&]<std::size_t W>() {
+    if constexpr (Momentum) {
+      strata::detail::vec_map<W, T>(n, update, gd, pd, buf);
+    } else {
+      strata::detail::vec_map<W, T>(
+          n,
+          [&](auto& g, auto& pi) {
+            auto unused = g;
+            update(g, pi, unused);
+          },
+          gd, pd);
+    }
+  });
 }
 
 } // namespace detail

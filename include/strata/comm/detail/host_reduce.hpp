@@ -2,6 +2,7 @@
 #pragma once
 
 #include <strata/comm/reduce_op.hpp>
+#include <strata/core/cpu.hpp>
 #include <strata/core/dtype.hpp>
 
 #include <algorithm>
@@ -27,58 +28,72 @@ inline A combine_one(A acc, A src) noexcept {
     return src < acc ? src : acc;
 }
 
-// acc[k] = op(acc[k], src[k]). Whole 64-byte blocks have a fixed trip count, which compilers
-// vectorise at -O2 as well as -O3.
-template <reduce_op Op, class A>
-inline void combine(A* __restrict acc, A const* __restrict src, std::size_t n) noexcept {
-  constexpr std::size_t block = 64 / sizeof(A);
+// acc[k] = op(acc[k], src[k]), W-byte vectors at a time (inside a dispatch_isa body, see
+// core/cpu.hpp), then one by one: the same operation on each element either way.
+template <reduce_op Op, std::size_t W, class A>
+[[gnu::always_inline]] inline void combine(A* __restrict acc, A const* __restrict src,
+                                           std::size_t n) noexcept {
+  using V = strata::detail::vec<A, W>;
+  constexpr std::size_t L = W / sizeof(A);
   std::size_t k = 0;
-  for (; k + block <= n; k += block)
-    for (std::size_t i = 0; i < block; ++i)
-      acc[k + i] = combine_one<Op>(acc[k + i], src[k + i]);
+  for (; k + L <= n; k += L) {
+    V a, s;
+    strata::detail::vload(a, acc + k);
+    strata::detail::vload(s, src + k);
+    if constexpr (Op == reduce_op::sum || Op == reduce_op::avg)
+      a = a + s;
+    else if constexpr (Op == reduce_op::max)
+      a = s > a ? s : a;
+    else
+      a = s < a ? s : a;
+    strata::detail::vstore(acc + k, a);
+  }
   for (; k < n; ++k)
     acc[k] = combine_one<Op>(acc[k], src[k]);
 }
 
+// The reduction of [begin, end) in tiles, in the copy of the host's instruction set.
 template <class T, reduce_op Op>
 void reduce_range_typed(int nsrc, void const* const* srcs, int ndst, void* const* dsts,
                         std::size_t begin, std::size_t end) noexcept {
-  using A = accum_t<T>;
-  constexpr std::size_t tile = reduce_tile_bytes / sizeof(T);
-  alignas(64) A acc[tile];
-  [[maybe_unused]] alignas(64) A widened[std::is_same_v<A, T> ? 1 : tile];
-  alignas(64) T out[std::is_same_v<A, T> ? 1 : tile];
-  for (std::size_t t = begin; t < end; t += tile) {
-    std::size_t const n = std::min(tile, end - t);
-    auto src = [&](int j) { return static_cast<T const*>(srcs[j]) + t; };
-    if constexpr (std::is_same_v<A, T>) {
-      std::memcpy(acc, src(0), n * sizeof(T));
-      for (int j = 1; j < nsrc; ++j)
-        combine<Op>(acc, src(j), n);
-      if constexpr (Op == reduce_op::avg)
+  strata::detail::dispatch_isa([&]<std::size_t W>() {
+    using A = accum_t<T>;
+    constexpr std::size_t tile = reduce_tile_bytes / sizeof(T);
+    alignas(64) A acc[tile];
+    [[maybe_unused]] alignas(64) A widened[std::is_same_v<A, T> ? 1 : tile];
+    alignas(64) T out[std::is_same_v<A, T> ? 1 : tile];
+    for (std::size_t t = begin; t < end; t += tile) {
+      std::size_t const n = std::min(tile, end - t);
+      auto src = [&](int j) { return static_cast<T const*>(srcs[j]) + t; };
+      if constexpr (std::is_same_v<A, T>) {
+        std::memcpy(acc, src(0), n * sizeof(T));
+        for (int j = 1; j < nsrc; ++j)
+          combine<Op, W>(acc, src(j), n);
+        if constexpr (Op == reduce_op::avg)
+          for (std::size_t k = 0; k < n; ++k)
+            acc[k] = acc[k] / static_cast<A>(nsrc);
+        for (int d = 0; d < ndst; ++d)
+          std::memcpy(static_cast<T*>(dsts[d]) + t, acc, n * sizeof(T));
+      } else {
+        // 16-bit floats: accumulate in float over all sources, round once at the end.
         for (std::size_t k = 0; k < n; ++k)
-          acc[k] = acc[k] / static_cast<A>(nsrc);
-      for (int d = 0; d < ndst; ++d)
-        std::memcpy(static_cast<T*>(dsts[d]) + t, acc, n * sizeof(T));
-    } else {
-      // 16-bit floats: accumulate in float over all sources, round once at the end.
-      for (std::size_t k = 0; k < n; ++k)
-        acc[k] = static_cast<float>(src(0)[k]);
-      for (int j = 1; j < nsrc; ++j) {
-        T const* s = src(j);
+          acc[k] = static_cast<float>(src(0)[k]);
+        for (int j = 1; j < nsrc; ++j) {
+          T const* s = src(j);
+          for (std::size_t k = 0; k < n; ++k)
+            widened[k] = static_cast<float>(s[k]);
+          combine<Op, W>(acc, widened, n);
+        }
+        if constexpr (Op == reduce_op::avg)
+          for (std::size_t k = 0; k < n; ++k)
+            acc[k] = acc[k] / static_cast<float>(nsrc);
         for (std::size_t k = 0; k < n; ++k)
-          widened[k] = static_cast<float>(s[k]);
-        combine<Op>(acc, widened, n);
+          out[k] = T(acc[k]);
+        for (int d = 0; d < ndst; ++d)
+          std::memcpy(static_cast<T*>(dsts[d]) + t, out, n * sizeof(T));
       }
-      if constexpr (Op == reduce_op::avg)
-        for (std::size_t k = 0; k < n; ++k)
-          acc[k] = acc[k] / static_cast<float>(nsrc);
-      for (std::size_t k = 0; k < n; ++k)
-        out[k] = T(acc[k]);
-      for (int d = 0; d < ndst; ++d)
-        std::memcpy(static_cast<T*>(dsts[d]) + t, out, n * sizeof(T));
     }
-  }
+  });
 }
 
 template <class T>
