@@ -242,4 +242,20 @@ void parallel_for(std::size_t pieces, F const& f) {
   s.current->run(pieces, f);
 }
 
+/// Runs f(first, last) over blocks of `rows` rows of `cols` elements each, the blocks over the
+/// calling thread's pool: at most 16 blocks of at least 16384 elements, from the shape alone.
+/// For work that is row by row (each row's result depends on that row only), which then gives
+/// the same bits with any number of threads.
+template <class F>
+void parallel_rows(std::size_t rows, std::size_t cols, F const& f) {
+  std::size_t pieces = std::min<std::size_t>({16, rows, rows * cols / 16384});
+  if (pieces <= 1 || current_threads() == 1) {
+    f(std::size_t{0}, rows);
+    return;
+  }
+  std::size_t const step = (rows + pieces - 1) / pieces;
+  pieces = (rows + step - 1) / step;
+  parallel_for(pieces, [&](std::size_t p) { f(p * step, std::min(rows, (p + 1) * step)); });
+}
+
 } // namespace strata

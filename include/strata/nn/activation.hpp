@@ -5,6 +5,7 @@
 #include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/thread_pool.hpp>
 #include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
@@ -36,9 +37,11 @@ void elementwise_forward(tensor_view<T const> x, tensor_view<T> y, std::size_t f
                          cpu_isa isa = host_isa()) {
   std::size_t const rows = x.extent(0);
   if constexpr (vectorised_op<T, C, Op>) {
-    strata::detail::run_isa(isa, [&]<std::size_t W>() {
-      for (std::size_t r = 0; r < rows; ++r)
-        Op::template f_row<W>(x.data() + r * x.stride(0), y.data() + r * y.stride(0), features);
+    parallel_rows(rows, features, [&](std::size_t r0, std::size_t r1) {
+      strata::detail::run_isa(isa, [&]<std::size_t W>() {
+        for (std::size_t r = r0; r < r1; ++r)
+          Op::template f_row<W>(x.data() + r * x.stride(0), y.data() + r * y.stride(0), features);
+      });
     });
     return;
   }
@@ -57,10 +60,12 @@ void elementwise_backward(tensor_view<T const> x, tensor_view<T const> dy, tenso
     return;
   std::size_t const rows = x.extent(0);
   if constexpr (vectorised_op<T, C, Op>) {
-    strata::detail::run_isa(isa, [&]<std::size_t W>() {
-      for (std::size_t r = 0; r < rows; ++r)
-        Op::template df_row<W>(x.data() + r * x.stride(0), dy.data() + r * dy.stride(0),
-                               dx.data() + r * dx.stride(0), features);
+    parallel_rows(rows, features, [&](std::size_t r0, std::size_t r1) {
+      strata::detail::run_isa(isa, [&]<std::size_t W>() {
+        for (std::size_t r = r0; r < r1; ++r)
+          Op::template df_row<W>(x.data() + r * x.stride(0), dy.data() + r * dy.stride(0),
+                                 dx.data() + r * dx.stride(0), features);
+      });
     });
     return;
   }

@@ -6,6 +6,7 @@
 #include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/thread_pool.hpp>
 #include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
@@ -35,68 +36,70 @@ void layer_norm_forward(tensor_view<T const> x, tensor_view<T> y, T const* w, T 
                         C* st, std::size_t n, cpu_isa isa = host_isa()) {
   std::size_t const rows = x.extent(0);
   if constexpr (std::is_same_v<T, C>) {
-    strata::detail::run_isa(isa, [&]<std::size_t W>() {
-      using V = strata::detail::vec<C, W>;
-      constexpr std::size_t L = W / sizeof(C);
-      for (std::size_t r = 0; r < rows; ++r) {
-        T const* xr = x.data() + r * x.stride(0);
-        T* yr = y.data() + r * y.stride(0);
-        std::size_t const body = n / L * L, rest = n - body;
-        // Four accumulators (vectors j mod 4), for the adds' latency: (s0 + s1) + (s2 + s3).
-        auto row_sum = [&](V& total, auto const& term) {
-          V s0{}, s1{}, s2{}, s3{};
-          std::size_t j = 0;
-          for (; j + 4 * L <= body; j += 4 * L) {
-            term(s0, j);
-            term(s1, j + L);
-            term(s2, j + 2 * L);
-            term(s3, j + 3 * L);
+    parallel_rows(rows, n, [&](std::size_t r0, std::size_t r1) {
+      strata::detail::run_isa(isa, [&]<std::size_t W>() {
+        using V = strata::detail::vec<C, W>;
+        constexpr std::size_t L = W / sizeof(C);
+        for (std::size_t r = r0; r < r1; ++r) {
+          T const* xr = x.data() + r * x.stride(0);
+          T* yr = y.data() + r * y.stride(0);
+          std::size_t const body = n / L * L, rest = n - body;
+          // Four accumulators (vectors j mod 4), for the adds' latency: (s0 + s1) + (s2 + s3).
+          auto row_sum = [&](V& total, auto const& term) {
+            V s0{}, s1{}, s2{}, s3{};
+            std::size_t j = 0;
+            for (; j + 4 * L <= body; j += 4 * L) {
+              term(s0, j);
+              term(s1, j + L);
+              term(s2, j + 2 * L);
+              term(s3, j + 3 * L);
+            }
+            for (; j < body; j += L)
+              term(s0, j);
+            total = (s0 + s1) + (s2 + s3);
+          };
+          V s;
+          row_sum(s, [&](V& acc, std::size_t j) {
+            V v;
+            strata::detail::vload(v, xr + j);
+            acc += v;
+          });
+          if (rest != 0) {
+            V v{};
+            __builtin_memcpy(&v, xr + body, rest * sizeof(C));
+            s += v;
           }
-          for (; j < body; j += L)
-            term(s0, j);
-          total = (s0 + s1) + (s2 + s3);
-        };
-        V s;
-        row_sum(s, [&](V& acc, std::size_t j) {
-          V v;
-          strata::detail::vload(v, xr + j);
-          acc += v;
-        });
-        if (rest != 0) {
-          V v{};
-          __builtin_memcpy(&v, xr + body, rest * sizeof(C));
-          s += v;
+          C mean{0};
+          for (std::size_t k = 0; k < L; ++k)
+            mean += s[k];
+          mean /= static_cast<C>(n);
+          V const mv = V{} + mean;
+          V q;
+          row_sum(q, [&](V& acc, std::size_t j) {
+            V v;
+            strata::detail::vload(v, xr + j);
+            V const d = v - mv;
+            acc += d * d;
+          });
+          if (rest != 0) {
+            V v = mv; // the padding lanes give d = 0
+            __builtin_memcpy(&v, xr + body, rest * sizeof(C));
+            V const d = v - mv;
+            q += d * d;
+          }
+          C var{0};
+          for (std::size_t k = 0; k < L; ++k)
+            var += q[k];
+          var /= static_cast<C>(n);
+          C const rstd = C{1} / std::sqrt(var + eps);
+          st[2 * r] = mean;
+          st[2 * r + 1] = rstd;
+          V const rv = V{} + rstd;
+          strata::detail::vec_map<W, C>(
+              n, [&](auto& xv, auto& wv, auto& bv, auto& yv) { yv = (xv - mv) * rv * wv + bv; }, xr,
+              w, b, yr);
         }
-        C mean{0};
-        for (std::size_t k = 0; k < L; ++k)
-          mean += s[k];
-        mean /= static_cast<C>(n);
-        V const mv = V{} + mean;
-        V q;
-        row_sum(q, [&](V& acc, std::size_t j) {
-          V v;
-          strata::detail::vload(v, xr + j);
-          V const d = v - mv;
-          acc += d * d;
-        });
-        if (rest != 0) {
-          V v = mv; // the padding lanes give d = 0
-          __builtin_memcpy(&v, xr + body, rest * sizeof(C));
-          V const d = v - mv;
-          q += d * d;
-        }
-        C var{0};
-        for (std::size_t k = 0; k < L; ++k)
-          var += q[k];
-        var /= static_cast<C>(n);
-        C const rstd = C{1} / std::sqrt(var + eps);
-        st[2 * r] = mean;
-        st[2 * r + 1] = rstd;
-        V const rv = V{} + rstd;
-        strata::detail::vec_map<W, C>(
-            n, [&](auto& xv, auto& wv, auto& bv, auto& yv) { yv = (xv - mv) * rv * wv + bv; }, xr,
-            w, b, yr);
-      }
+      });
     });
     return;
   }
