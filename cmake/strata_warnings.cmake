@@ -16,6 +16,12 @@ if(STRATA_ARCH AND NOT STRATA_ARCH STREQUAL "none")
   endif()
   target_compile_options(strata_warnings INTERFACE -march=${STRATA_ARCH})
 endif()
+# No contraction of a * b + c into one FMA in strata's own targets: with -march an instruction
+# set with FMA would otherwise let the compiler fuse where the source has two roundings, so a
+# test's scalar formula and the kernel it checks (or two copies of one kernel) would round
+# differently. (OpenBLAS, compiled apart, uses FMA; strata's own GEMM kernel then multiplies and
+# adds in two roundings here, and fuses in a user's build that allows it.)
+target_compile_options(strata_warnings INTERFACE $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
 message(STATUS "strata: own targets built with -march=${STRATA_ARCH}")
 
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)

@@ -73,7 +73,7 @@ public:
   explicit thread_pool(std::size_t threads) : size_(threads == 0 ? 1 : threads) {
     workers_.reserve(size_ - 1);
     for (std::size_t t = 1; t < size_; ++t)
-      workers_.emplace_back([this] { work(); });
+      workers_.emplace_back([this, t] { work(t); });
   }
   ~thread_pool() {
     {
@@ -91,7 +91,8 @@ public:
   /// Threads that run pieces, the caller's included.
   std::size_t size() const noexcept { return size_; }
 
-  /// Runs f(p) for every p in [0, pieces) on this thread and the workers; returns when all
+  /// Runs f(p) for every p in [0, pieces) on this thread and the workers (thread t the pieces
+/// p = t mod size()); returns when all
   /// have run. The first exception a piece throws is rethrown here (the other pieces still
   /// run). One run at a time per pool (the rank's thread).
   template <class F>
@@ -105,14 +106,13 @@ public:
     fn_ = [](void const* ctx, std::size_t p) { (*static_cast<F const*>(ctx))(p); };
     ctx_ = &f;
     pieces_ = pieces;
-    next_.store(0, std::memory_order_relaxed);
     arrived_.store(0, std::memory_order_relaxed);
     {
       std::lock_guard lock(mu_); // a worker about to sleep sees the new generation or the wake
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
-    take_pieces();
+    take_pieces(0);
     // Every worker checks in once per job, after its last piece: then none still reads this
     // job's function or counters when the next job writes them.
     std::size_t const all = size_ - 1;
@@ -133,7 +133,9 @@ public:
   }
 
 private:
-  static constexpr int spin_limit = 2000;
+  // About 0.5 ms of pause instructions before sleeping: a step's kernels follow each other
+  // closer than that, so the workers stay awake through a step and sleep between steps.
+  static constexpr int spin_limit = 20000;
 
   template <class F>
   static void serial(std::size_t pieces, F const& f) {
@@ -150,14 +152,13 @@ private:
     s.in_piece = was;
   }
 
-  void take_pieces() noexcept {
+  // Thread t runs pieces t, t + size, t + 2 size, ...: the same pieces every call, so a thread's
+  // buffers (a GEMM's packs) stop growing after the first calls of each shape.
+  void take_pieces(std::size_t t) noexcept {
     auto& s = detail::pool_state();
     bool const was = s.in_piece;
     s.in_piece = true;
-    for (;;) {
-      std::size_t const p = next_.fetch_add(1, std::memory_order_relaxed);
-      if (p >= pieces_)
-        break;
+    for (std::size_t p = t; p < pieces_; p += size_) {
       try {
         fn_(ctx_, p);
       } catch (...) {
@@ -169,7 +170,7 @@ private:
     s.in_piece = was;
   }
 
-  void work() {
+  void work(std::size_t t) {
     // The generation at construction: read here instead, a job or the stop that came before
     // this thread started would be taken for the current state and waited past forever.
     std::uint32_t seen = 0;
@@ -187,7 +188,7 @@ private:
       seen = g;
       if (stop_.load(std::memory_order_relaxed))
         return;
-      take_pieces();
+      take_pieces(t);
       if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == size_ - 1) {
         { std::lock_guard lock(mu_); } // the caller is waiting on done_ or will see the count
         done_.notify_one();
@@ -202,7 +203,6 @@ private:
   void (*fn_)(void const*, std::size_t) = nullptr;
   void const* ctx_ = nullptr;
   std::size_t pieces_ = 0;
-  std::atomic<std::size_t> next_{0};
   std::atomic<std::size_t> arrived_{0};
   std::mutex mu_; // for sleeping: wake_ (a new job), done_ (every worker checked in)
   std::condition_variable wake_, done_;

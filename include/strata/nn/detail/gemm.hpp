@@ -336,7 +336,8 @@ bool blas_gemm(std::size_t m, std::size_t n, std::size_t k, T const* a, std::siz
 
 /// How a GEMM is cut into pieces: `count` blocks of `step` rows of C (along_n false) or
 /// columns (along_n true), from the shape alone (never the thread count): at most 16 pieces, each
-/// at least 128 wide (a multiple of 16) and at least about 4 MFLOP.
+/// at least 256 wide (a multiple of 16) and at least about 8 MFLOP. Each piece repacks the operand
+/// it shares with the others, so pieces much smaller cost more than a second thread gains.
 struct gemm_split {
   std::size_t count = 1, step = 0;
   bool along_n = true;
@@ -347,8 +348,8 @@ inline gemm_split split_gemm(std::size_t m, std::size_t n, std::size_t k) noexce
   std::size_t const dim = s.along_n ? n : m;
   double const flops =
       2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-  std::size_t count = std::min<std::size_t>(16, dim / 128);
-  count = std::min<std::size_t>(count, static_cast<std::size_t>(flops / 4e6));
+  std::size_t count = std::min<std::size_t>(16, dim / 256);
+  count = std::min<std::size_t>(count, static_cast<std::size_t>(flops / 8e6));
   if (count <= 1) {
     s.count = 1;
     s.step = dim;
@@ -365,11 +366,13 @@ inline gemm_split split_gemm(std::size_t m, std::size_t n, std::size_t k) noexce
 /// A(i, p) = a[i * rsa + p * csa] and B(p, j) = b[p * rsb + j * csb]: transposes are strides.
 /// Products and sums in C; 16-bit inputs widen to C while packing. The pieces of split_gemm run
 /// over the calling thread's pool (parallel_for); every element is computed by one piece with
-/// the whole depth k, so the result does not depend on the number of threads.
+/// the whole depth k, so the result does not depend on the number of threads. With `bias` (n
+/// values; accumulate false), c[i * ldc + j] = bias[j] + the product: each piece writes the bias
+/// into its block of C just before its product adds into it, while the block is in cache.
 template <class C, class TA, class TB, class TC>
 void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t rsa,
           std::size_t csa, TB const* b, std::size_t rsb, std::size_t csb, TC* c, std::size_t ldc,
-          bool accumulate) {
+          bool accumulate, TC const* bias = nullptr) {
   if (m == 0 || n == 0)
     return;
   gemm_split const sp = split_gemm(m, n, k);
@@ -380,14 +383,21 @@ void gemm(std::size_t m, std::size_t n, std::size_t k, TA const* a, std::size_t 
     TA const* pa = sp.along_n ? a : a + lo * rsa;
     TB const* pb = sp.along_n ? b + lo * csb : b;
     TC* pc = sp.along_n ? c + lo : c + lo * ldc;
+    bool acc = accumulate;
+    if (bias != nullptr) {
+      TC const* pbias = sp.along_n ? bias + lo : bias;
+      for (std::size_t i = 0; i < pm; ++i)
+        std::copy(pbias, pbias + pn, pc + i * ldc);
+      acc = true;
+    }
 #if STRATA_GEMM_BLAS
     if constexpr (std::is_same_v<C, TA> && std::is_same_v<C, TB> && std::is_same_v<C, TC> &&
                   (std::is_same_v<C, float> || std::is_same_v<C, double>)) {
-      if (k > 0 && blas_gemm<C>(pm, pn, k, pa, rsa, csa, pb, rsb, csb, pc, ldc, accumulate))
+      if (k > 0 && blas_gemm<C>(pm, pn, k, pa, rsa, csa, pb, rsb, csb, pc, ldc, acc))
         return;
     }
 #endif
-    gemm_serial<C>(pm, pn, k, pa, rsa, csa, pb, rsb, csb, pc, ldc, accumulate);
+    gemm_serial<C>(pm, pn, k, pa, rsa, csa, pb, rsb, csb, pc, ldc, acc);
   };
   if (sp.count == 1)
     piece(0);
