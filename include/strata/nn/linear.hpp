@@ -80,15 +80,19 @@ template <class C, class T>
 void add_bias_grad(T const* dy, std::size_t sdy, std::size_t rows, std::size_t n, T* db,
                    workspace<C>& colsum) {
   C* s = colsum.get(1, n).data();
-  for (std::size_t j = 0; j < n; ++j)
-    s[j] = C{0};
-  for (std::size_t r = 0; r < rows; ++r) {
-    T const* d = dy + r * sdy;
-    for (std::size_t j = 0; j < n; ++j)
-      s[j] += to_compute_value<C>(d[j]);
-  }
-  for (std::size_t j = 0; j < n; ++j)
-    db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + s[j]);
+  // Blocks of columns over the rank's threads: each column sums its rows in order, so the same
+  // bits with any number of threads.
+  parallel_rows(n, rows, [&](std::size_t j0, std::size_t j1) {
+    for (std::size_t j = j0; j < j1; ++j)
+      s[j] = C{0};
+    for (std::size_t r = 0; r < rows; ++r) {
+      T const* d = dy + r * sdy;
+      for (std::size_t j = j0; j < j1; ++j)
+        s[j] += to_compute_value<C>(d[j]);
+    }
+    for (std::size_t j = j0; j < j1; ++j)
+      db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + s[j]);
+  });
 }
 } // namespace detail
 

@@ -3,6 +3,7 @@
 
 #include <strata/core/cpu.hpp>
 #include <strata/core/error.hpp>
+#include <strata/core/thread_pool.hpp>
 #include <strata/core/vec_map.hpp>
 #include <strata/optim/detail/number_text.hpp>
 #include <strata/optim/optimizer.hpp>
@@ -153,10 +154,16 @@ public:
     T* const m = exp_avg_.data() + offset;
     T* const v = exp_avg_sq_.data() + offset;
     // PyTorch's lerp takes its first form for weights below 0.5 (beta1 > 0.5), else its second.
-    if (1.0 - options_.beta1 < 0.5)
-      detail::adamw_update<true>(params, grads, m, v, c);
-    else
-      detail::adamw_update<false>(params, grads, m, v, c);
+    // In blocks over the rank's threads (parallel_rows): element by element, so the same bits.
+    bool const low = 1.0 - options_.beta1 < 0.5;
+    parallel_rows(params.size(), 1, [&](std::size_t a, std::size_t b) {
+      std::span<T> const p = params.subspan(a, b - a);
+      std::span<T const> const g = grads.subspan(a, b - a);
+      if (low)
+        detail::adamw_update<true>(p, g, m + a, v + a, c);
+      else
+        detail::adamw_update<false>(p, g, m + a, v + a, c);
+    });
     step_count_ = ctx.step;
   }
 
