@@ -63,6 +63,9 @@ inline auto ddp_options() {
   trainer_options o;
   o.lr = [](std::int64_t) { return 1e-3; };
   o.seed = 5;
+  // One compute thread per rank in every configuration (the one-rank references included), so
+  // that 2 ranks are compared with 1 rank on the same per-rank resources.
+  o.threads = 1;
   return o;
 }
 
