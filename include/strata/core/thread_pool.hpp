@@ -92,9 +92,8 @@ public:
   std::size_t size() const noexcept { return size_; }
 
   /// Runs f(p) for every p in [0, pieces) on this thread and the workers (thread t the pieces
-/// p = t mod size()); returns when all
-  /// have run. The first exception a piece throws is rethrown here (the other pieces still
-  /// run). One run at a time per pool (the rank's thread).
+  /// p = t mod size()); returns when all have run. The first exception a piece throws is
+  /// rethrown here (the other pieces still run). One run at a time per pool (the rank's thread).
   template <class F>
   void run(std::size_t pieces, F const& f) {
     if (pieces == 0)
