@@ -131,7 +131,7 @@ TEST_CASE("layer_norm's f32 rows: the AVX2 copy within 1e-5 of the baseline, eac
     o.dx.assign(nrows * cols, 0);
     o.dw.assign(cols, 0.25f);
     o.db.assign(cols, -0.5f);
-    std::vector<float> acc(2 * cols);
+    std::vector<float> acc(nn::detail::layer_norm_acc_size(nrows, cols));
     strata::tensor_view<float const> xv(xs.data(), {nrows, cols}, {stride, 1});
     strata::tensor_view<float const> dyv(dys.data(), {nrows, cols}, {stride, 1});
     nn::detail::layer_norm_forward<float, float>(xv, {o.y.data(), {nrows, cols}}, w.data(),

@@ -132,9 +132,11 @@ public:
   }
 
 private:
-  // About 0.5 ms of pause instructions before sleeping: a step's kernels follow each other
-  // closer than that, so the workers stay awake through a step and sleep between steps.
-  static constexpr int spin_limit = 20000;
+  // About 4 ms of pause instructions before sleeping (Zen 3): a step's kernels follow each
+  // other closer than that, so the workers stay awake through a step (its serial parts, the
+  // loss or the optimizer's bookkeeping, included) and sleep between steps. At 0.5 ms a worker
+  // could sleep through a serial part and wake late for the next split (docs/performance.md).
+  static constexpr int spin_limit = 200000;
 
   template <class F>
   static void serial(std::size_t pieces, F const& f) {
@@ -241,20 +243,45 @@ void parallel_for(std::size_t pieces, F const& f) {
   s.current->run(pieces, f);
 }
 
-/// Runs f(first, last) over blocks of `rows` rows of `cols` elements each, the blocks over the
-/// calling thread's pool: at most 16 blocks of at least 16384 elements, from the shape alone.
-/// For work that is row by row (each row's result depends on that row only), which then gives
-/// the same bits with any number of threads.
+/// The blocks parallel_rows cuts `rows` rows of `cols` elements each into, from the shape
+/// alone: `count` blocks of `step` rows (the last one shorter), at most 16 blocks of at least
+/// 16384 elements.
+struct row_blocks {
+  std::size_t count = 1, step = 0;
+};
+inline row_blocks split_rows(std::size_t rows, std::size_t cols) noexcept {
+  std::size_t const pieces = std::min<std::size_t>({16, rows, rows * cols / 16384});
+  if (pieces <= 1)
+    return {1, rows};
+  std::size_t const step = (rows + pieces - 1) / pieces;
+  return {(rows + step - 1) / step, step};
+}
+
+/// Runs f(block, first, last) for each block of split_rows(rows, cols), the blocks over the
+/// calling thread's pool (in order on one thread). For sums over rows: each block sums its
+/// rows into its own partial, and the partials are folded in block order afterwards, which
+/// gives the same bits with any number of threads.
+template <class F>
+void parallel_row_blocks(std::size_t rows, std::size_t cols, F const& f) {
+  row_blocks const b = split_rows(rows, cols);
+  if (b.count == 1) {
+    f(std::size_t{0}, std::size_t{0}, rows);
+    return;
+  }
+  parallel_for(b.count, [&](std::size_t p) { f(p, p * b.step, std::min(rows, (p + 1) * b.step)); });
+}
+
+/// Runs f(first, last) over the blocks of split_rows(rows, cols), over the calling thread's
+/// pool (one call over all rows on one thread). For work that is row by row (each row's result
+/// depends on that row only), which then gives the same bits with any number of threads.
 template <class F>
 void parallel_rows(std::size_t rows, std::size_t cols, F const& f) {
-  std::size_t pieces = std::min<std::size_t>({16, rows, rows * cols / 16384});
-  if (pieces <= 1 || current_threads() == 1) {
+  if (current_threads() == 1) {
     f(std::size_t{0}, rows);
     return;
   }
-  std::size_t const step = (rows + pieces - 1) / pieces;
-  pieces = (rows + step - 1) / step;
-  parallel_for(pieces, [&](std::size_t p) { f(p * step, std::min(rows, (p + 1) * step)); });
+  parallel_row_blocks(rows, cols,
+                      [&](std::size_t, std::size_t first, std::size_t last) { f(first, last); });
 }
 
 } // namespace strata

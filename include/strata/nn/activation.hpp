@@ -126,16 +126,18 @@ template <class V>
   V x = x_in > c ? c : x_in;
   x = x < -c ? -c : x;
   V const x2 = x * x;
-  V p = x2 * -2.76076847742355e-16f + 2.00018790482477e-13f;
-  p = x2 * p + -8.60467152213735e-11f;
-  p = x2 * p + 5.12229709037114e-08f;
-  p = x2 * p + 1.48572235717979e-05f;
-  p = x2 * p + 6.37261928875436e-04f;
-  p = x2 * p + 4.89352455891786e-03f;
+  V p;
+  strata::detail::vfma(p, x2, -2.76076847742355e-16f, 2.00018790482477e-13f);
+  strata::detail::vfma(p, x2, p, -8.60467152213735e-11f);
+  strata::detail::vfma(p, x2, p, 5.12229709037114e-08f);
+  strata::detail::vfma(p, x2, p, 1.48572235717979e-05f);
+  strata::detail::vfma(p, x2, p, 6.37261928875436e-04f);
+  strata::detail::vfma(p, x2, p, 4.89352455891786e-03f);
   p = x * p;
-  V q = x2 * 1.19825839466702e-06f + 1.18534705686654e-04f;
-  q = x2 * q + 2.26843463243900e-03f;
-  q = x2 * q + 4.89352518554385e-03f;
+  V q;
+  strata::detail::vfma(q, x2, 1.19825839466702e-06f, 1.18534705686654e-04f);
+  strata::detail::vfma(q, x2, q, 2.26843463243900e-03f);
+  strata::detail::vfma(q, x2, q, 4.89352518554385e-03f);
   out = p / q;
 }
 
@@ -155,14 +157,18 @@ struct gelu_op {
   // y = gelu(v), dx = gelu'(v) d: the f32 formulas of the rows, on floats or vectors.
   template <class V>
   [[gnu::always_inline]] static void f_lanes(V& y, V const& v) noexcept {
-    V const u = k * (v + a * v * v * v);
+    V inner; // v + a v^3, fused in the AVX2 copy
+    strata::detail::vfma(inner, a * v * v, v, v);
+    V const u = k * inner;
     V t;
     rational_tanh(t, u);
     y = 0.5f * v * (1.0f + t);
   }
   template <class V>
   [[gnu::always_inline]] static void df_lanes(V& dx, V const& v, V const& d) noexcept {
-    V const u = k * (v + a * v * v * v);
+    V inner; // v + a v^3, fused in the AVX2 copy
+    strata::detail::vfma(inner, a * v * v, v, v);
+    V const u = k * inner;
     V t;
     rational_tanh(t, u);
     dx = (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v)) * d;
@@ -219,12 +225,14 @@ template <class V>
   V r = x - m * 0.693359375f;
   r = r + m * 2.12194440e-4f;
   V const r2 = r * r;
-  V y = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  y = y * r + 8.3334519073e-3f;
-  y = y * r + 4.1665795894e-2f;
-  y = y * r + 1.6666665459e-1f;
-  y = y * r + 5.0000001201e-1f;
-  y = y * r2 + r + 1.0f;
+  V y;
+  strata::detail::vfma(y, r, 1.9875691500e-4f, 1.3981999507e-3f);
+  strata::detail::vfma(y, y, r, 8.3334519073e-3f);
+  strata::detail::vfma(y, y, r, 4.1665795894e-2f);
+  strata::detail::vfma(y, y, r, 1.6666665459e-1f);
+  strata::detail::vfma(y, y, r, 5.0000001201e-1f);
+  strata::detail::vfma(y, y, r2, r);
+  y = y + 1.0f;
   pow2_lanes(m);
   out = y * m;
 }
@@ -239,10 +247,11 @@ template <class V>
 [[gnu::always_inline]] inline void normal_cdf(V& out, V const& x) noexcept {
   V const z = (x < 0 ? -x : x) * 0.70710678118654752440f;
   V const t = 1.0f / (1.0f + 0.3275911f * z);
-  V p = t * 1.061405429f + -1.453152027f;
-  p = t * p + 1.421413741f;
-  p = t * p + -0.284496736f;
-  p = t * p + 0.254829592f;
+  V p;
+  strata::detail::vfma(p, t, 1.061405429f, -1.453152027f);
+  strata::detail::vfma(p, t, p, 1.421413741f);
+  strata::detail::vfma(p, t, p, -0.284496736f);
+  strata::detail::vfma(p, t, p, 0.254829592f);
   V e;
   cephes_exp_nonpositive(e, z * 0 - z * z);
   V const half_erfc = 0.5f * t * p * e;

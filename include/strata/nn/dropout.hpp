@@ -9,6 +9,7 @@
 #include <strata/core/philox.hpp>
 #include <strata/core/random.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/thread_pool.hpp>
 #include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
@@ -72,7 +73,7 @@ inline void draw_keep_mask(std::uint8_t* keep, std::size_t n, random_key key, st
     auto const k1 = static_cast<std::uint32_t>(key.key >> 32);
     U64 const s0 = U64{} + static_cast<std::uint32_t>(key.stream);
     U64 const s1 = U64{} + static_cast<std::uint32_t>(key.stream >> 32);
-    // One round on two sets of L blocks (two independent chains hide the multiplies' latency).
+    // One round on one chain of L blocks.
     auto round = [](U64& a0, U64& a1, U64& a2, U64& a3, U64 const& r0, U64 const& r1) {
       U64 p0, p1;
       strata::detail::mul_u32_lo(p0, a0, 0xD2511F53u);
@@ -112,17 +113,28 @@ inline void draw_keep_mask(std::uint8_t* keep, std::size_t n, random_key key, st
     U64 iota;
     for (std::size_t k = 0; k < L; ++k)
       iota[k] = k;
-    for (; done + 8 * L <= n; done += 8 * L) {
+    // G chains of L blocks each an iteration: independent chains hide the multiplies' latency
+    // (with 2 a round waited on its multiplies; 4 keep the vector units busy).
+    constexpr std::size_t G = 4;
+    for (; done + 4 * G * L <= n; done += 4 * G * L) {
       std::uint64_t const block0 = (first + done) / 4;
-      U64 const a0_full = iota + block0, b0_full = a0_full + L; // whole block indices
-      U64 a0 = a0_full, a1 = a0_full >> 32, b0 = b0_full, b1 = b0_full >> 32;
-      U64 a2 = s0, a3 = s1, b2 = s0, b3 = s1;
-      for (int r = 0; r < 10; ++r) { // philox4x32<10>, lane by lane
-        round(a0, a1, a2, a3, rk0[r], rk1[r]);
-        round(b0, b1, b2, b3, rk0[r], rk1[r]);
+      U64 c[G][4];
+#pragma GCC unroll 4
+      for (std::size_t g = 0; g < G; ++g) {
+        U64 const full = iota + (block0 + g * L); // whole block indices
+        c[g][0] = full;
+        c[g][1] = full >> 32;
+        c[g][2] = s0;
+        c[g][3] = s1;
       }
-      emit(keep + done, a0, a1, a2, a3);
-      emit(keep + done + 4 * L, b0, b1, b2, b3);
+#pragma GCC unroll 10
+      for (int r = 0; r < 10; ++r) // philox4x32<10>, lane by lane
+#pragma GCC unroll 4
+        for (std::size_t g = 0; g < G; ++g)
+          round(c[g][0], c[g][1], c[g][2], c[g][3], rk0[r], rk1[r]);
+#pragma GCC unroll 4
+      for (std::size_t g = 0; g < G; ++g)
+        emit(keep + done + 4 * g * L, c[g][0], c[g][1], c[g][2], c[g][3]);
     }
   });
   one_by_one(done, n);
@@ -143,22 +155,54 @@ void apply_keep_mask(tensor_view<T const> x, tensor_view<T> y, std::uint8_t cons
       using I =
           strata::detail::vec<std::conditional_t<sizeof(C) == 4, std::int32_t, std::int64_t>, W>;
       using M = strata::detail::vec<std::uint8_t, L>;
+      // Locals the stores cannot alias (a vstore is a memcpy): read once, not per vector.
+      std::size_t const n = features, sx = x.stride(0), sy = y.stride(0);
+      C const sc = scale;
+      T const* const x0 = x.data();
+      T* const y0 = y.data();
       for (std::size_t r = first_row; r < end_row; ++r) {
-        T const* xr = x.data() + r * x.stride(0);
-        T* yr = y.data() + r * y.stride(0);
-        std::uint8_t const* mr = m + r * features;
+        T const* xr = x0 + r * sx;
+        T* yr = y0 + r * sy;
+        std::uint8_t const* mr = m + r * n;
         std::size_t j = 0;
-        for (; j + L <= features; j += L) {
+        for (; j + L <= n; j += L) {
           V v;
-          M mb;
           strata::detail::vload(v, xr + j);
-          strata::detail::vload(mb, mr + j);
-          I const keep = __builtin_convertvector(mb, I);
-          V const out = keep != 0 ? v * scale : V{};
+          I keep;
+          if constexpr (sizeof(C) == 4) {
+            // The L mask bytes, read by one 8- or 4-byte load, zero-extended to 32-bit lanes
+            // by one shuffle (pmovzxbd). Converting the byte vector went lane by lane through
+            // general registers, and a copy into a zeroed vector stalled on store forwarding.
+            using B = strata::detail::vec<std::uint8_t, 16>;
+            B b, zero = {};
+            if constexpr (L == 8) {
+              std::uint64_t w;
+              __builtin_memcpy(&w, mr + j, 8);
+              b = __builtin_bit_cast(B, strata::detail::vec<std::uint64_t, 16>{w, 0});
+            } else {
+              std::uint32_t w;
+              __builtin_memcpy(&w, mr + j, 4);
+              b = __builtin_bit_cast(B, strata::detail::vec<std::uint32_t, 16>{w, 0, 0, 0});
+            }
+            if constexpr (L == 8)
+              keep = __builtin_bit_cast(I, __builtin_shufflevector(b, zero, 0, 16, 16, 16, 1, 16,
+                                                                   16, 16, 2, 16, 16, 16, 3, 16, 16,
+                                                                   16, 4, 16, 16, 16, 5, 16, 16, 16,
+                                                                   6, 16, 16, 16, 7, 16, 16, 16));
+            else
+              keep =
+                  __builtin_bit_cast(I, __builtin_shufflevector(b, zero, 0, 16, 16, 16, 1, 16, 16,
+                                                                16, 2, 16, 16, 16, 3, 16, 16, 16));
+          } else {
+            M mb;
+            strata::detail::vload(mb, mr + j);
+            keep = __builtin_convertvector(mb, I);
+          }
+          V const out = keep != 0 ? v * sc : V{};
           strata::detail::vstore(yr + j, out);
         }
-        for (; j < features; ++j)
-          yr[j] = mr[j] ? xr[j] * scale : C{0};
+        for (; j < n; ++j)
+          yr[j] = mr[j] ? xr[j] * sc : C{0};
       }
     });
     return;
@@ -224,14 +268,19 @@ public:
     }
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
     std::uint8_t* m = s.mask.get(rows, features_).data();
-    // The mask drawn and applied a few rows at a time, while they are in cache.
+    // In row blocks over the rank's threads (parallel_rows; each element's mask is a function
+    // of its place, so the same bits), each block's mask drawn and applied a few rows at a
+    // time, while they are in cache.
     std::size_t const chunk = std::max<std::size_t>(1, 16384 / std::max<std::size_t>(1, features_));
-    for (std::size_t r = 0; r < rows; r += chunk) {
-      std::size_t const end = std::min(rows, r + chunk);
-      detail::draw_keep_mask(m + r * features_, (end - r) * features_, key(ctx),
-                             (ctx.first_row + r) * features_, static_cast<float>(p_));
-      detail::apply_keep_mask<T, C>(x, y, m, features_, scale, r, end);
-    }
+    random_key const k = key(ctx);
+    parallel_rows(rows, features_, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; r += chunk) {
+        std::size_t const end = std::min(r1, r + chunk);
+        detail::draw_keep_mask(m + r * features_, (end - r) * features_, k,
+                               (ctx.first_row + r) * features_, static_cast<float>(p_));
+        detail::apply_keep_mask<T, C>(x, y, m, features_, scale, r, end);
+      }
+    });
   }
 
   void backward(layer_context const&, tensor_view<T const>, saved_type const& s,
@@ -243,7 +292,9 @@ public:
       return;
     }
     C const scale = static_cast<C>(1.0 / (1.0 - p_));
-    detail::apply_keep_mask<T, C>(dy, dx, s.mask.data(), features_, scale, 0, dy.extent(0));
+    parallel_rows(dy.extent(0), features_, [&](std::size_t r0, std::size_t r1) {
+      detail::apply_keep_mask<T, C>(dy, dx, s.mask.data(), features_, scale, r0, r1);
+    });
   }
 
 private:

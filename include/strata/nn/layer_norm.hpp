@@ -127,97 +127,114 @@ void layer_norm_forward(tensor_view<T const> x, tensor_view<T> y, T const* w, T 
   }
 }
 
+/// The elements of C layer_norm_backward's `acc` holds for `rows` rows of n features: two sums
+/// of n for each block of rows (split_rows).
+inline std::size_t layer_norm_acc_size(std::size_t rows, std::size_t n) noexcept {
+  return 2 * n * split_rows(rows, n).count;
+}
+
 /// The backward of layer_norm over the rows of x: dx (when it has data) from the saved
 /// statistics st, and dw += sum over rows of dy xhat, db += sum of dy, the sums in C in acc
-/// (2n elements, overwritten). With T = C the rows go W-byte vectors at a time in the copy of
-/// `isa`, each row's two sums lane by lane in index order then the lanes in order.
+/// (layer_norm_acc_size(rows, n) elements, overwritten). The rows go in blocks over the rank's
+/// threads, cut from the shape alone (parallel_row_blocks): each block computes its rows' dx
+/// (each row's two sums lane by lane in index order, then the lanes in order) and its own
+/// partial column sums (its rows in order); the partials are then folded in block order. So
+/// the same bits with any number of threads. With T = C the rows go W-byte vectors at a time in
+/// the copy of `isa`.
 template <class T, class C>
 void layer_norm_backward(tensor_view<T const> x, tensor_view<T const> dy, tensor_view<T> dx,
                          T const* w, C const* st, C* acc, T* dw, T* db, std::size_t n,
                          cpu_isa isa = host_isa()) {
   std::size_t const rows = x.extent(0);
-  for (std::size_t j = 0; j < 2 * n; ++j)
-    acc[j] = C{0};
-  if constexpr (std::is_same_v<T, C>) {
-    strata::detail::run_isa(isa, [&]<std::size_t W>() {
-      using V = strata::detail::vec<C, W>;
-      constexpr std::size_t L = W / sizeof(C);
-      for (std::size_t r = 0; r < rows; ++r) {
-        T const* xr = x.data() + r * x.stride(0);
-        T const* dyr = dy.data() + r * dy.stride(0);
-        V const mv = V{} + st[2 * r], rv = V{} + st[2 * r + 1];
-        V sg{}, sgx{};
-        // The padding lanes have dy = 0: they add 0 to the sums.
-        strata::detail::vec_map<W, C>(
-            n,
-            [&](auto& xv, auto& dv, auto& wv, auto& aw, auto& ab) {
-              V const xh = (xv - mv) * rv;
-              V const g = dv * wv;
-              aw += dv * xh;
-              ab += dv;
-              sg += g;
-              sgx += g * xh;
-            },
-            xr, dyr, w, acc, acc + n);
-        if (dx.data() == nullptr)
-          continue;
+  std::size_t const blocks = split_rows(rows, n).count;
+  T const* const x0 = x.data();
+  T const* const dy0 = dy.data();
+  T* const dx0 = dx.data();
+  std::size_t const sx = x.stride(0), sdy = dy.stride(0), sdx = dx.stride(0);
+  parallel_row_blocks(rows, n, [&](std::size_t p, std::size_t r0, std::size_t r1) {
+    C* const aw0 = acc + 2 * n * p; // this block's partial sums: weight, then bias
+    C* const ab0 = aw0 + n;
+    for (std::size_t j = 0; j < 2 * n; ++j)
+      aw0[j] = C{0};
+    if constexpr (std::is_same_v<T, C>) {
+      strata::detail::run_isa(isa, [&]<std::size_t W>() {
+        using V = strata::detail::vec<C, W>;
+        constexpr std::size_t L = W / sizeof(C);
+        for (std::size_t r = r0; r < r1; ++r) {
+          T const* xr = x0 + r * sx;
+          T const* dyr = dy0 + r * sdy;
+          V const mv = V{} + st[2 * r], rv = V{} + st[2 * r + 1];
+          V sg{}, sgx{};
+          // The padding lanes have dy = 0: they add 0 to the sums.
+          strata::detail::vec_map<W, C>(
+              n,
+              [&](auto& xv, auto& dv, auto& wv, auto& aw, auto& ab) {
+                V const xh = (xv - mv) * rv;
+                V const g = dv * wv;
+                aw += dv * xh;
+                ab += dv;
+                sg += g;
+                sgx += g * xh;
+              },
+              xr, dyr, w, aw0, ab0);
+          if (dx0 == nullptr)
+            continue;
+          C sum_g{0}, sum_gx{0};
+          for (std::size_t k = 0; k < L; ++k) {
+            sum_g += sg[k];
+            sum_gx += sgx[k];
+          }
+          sum_g /= static_cast<C>(n);
+          sum_gx /= static_cast<C>(n);
+          V const sgv = V{} + sum_g, sgxv = V{} + sum_gx;
+          strata::detail::vec_map<W, C>(
+              n,
+              [&](auto& xv, auto& dv, auto& wv, auto& out) {
+                V const xh = (xv - mv) * rv;
+                V const g = dv * wv;
+                out = rv * (g - sgv - xh * sgxv);
+              },
+              xr, dyr, w, dx0 + r * sdx);
+        }
+      });
+    } else {
+      for (std::size_t r = r0; r < r1; ++r) {
+        T const* xr = x0 + r * sx;
+        T const* dyr = dy0 + r * sdy;
+        C const mean = st[2 * r], rstd = st[2 * r + 1];
         C sum_g{0}, sum_gx{0};
-        for (std::size_t k = 0; k < L; ++k) {
-          sum_g += sg[k];
-          sum_gx += sgx[k];
+        for (std::size_t j = 0; j < n; ++j) {
+          C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
+          C const d = to_compute_value<C>(dyr[j]);
+          C const g = d * to_compute_value<C>(w[j]);
+          aw0[j] += d * xh;
+          ab0[j] += d;
+          sum_g += g;
+          sum_gx += g * xh;
         }
         sum_g /= static_cast<C>(n);
         sum_gx /= static_cast<C>(n);
-        V const sgv = V{} + sum_g, sgxv = V{} + sum_gx;
-        strata::detail::vec_map<W, C>(
-            n,
-            [&](auto& xv, auto& dv, auto& wv, auto& out) {
-              V const xh = (xv - mv) * rv;
-              V const g = dv * wv;
-              out = rv * (g - sgv - xh * sgxv);
-            },
-            xr, dyr, w, dx.data() + r * dx.stride(0));
+        if (dx0 == nullptr)
+          continue;
+        T* dxr = dx0 + r * sdx;
+        for (std::size_t j = 0; j < n; ++j) {
+          C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
+          C const g = to_compute_value<C>(dyr[j]) * to_compute_value<C>(w[j]);
+          dxr[j] = from_compute_value<T>(rstd * (g - sum_g - xh * sum_gx));
+        }
       }
-      strata::detail::vec_map<W, C>(
-          n,
-          [](auto& a, auto& b2, auto& gw, auto& gb) {
-            gw += a;
-            gb += b2;
-          },
-          static_cast<C const*>(acc), static_cast<C const*>(acc + n), dw, db);
-    });
-    return;
-  }
-  (void)isa;
-  for (std::size_t r = 0; r < rows; ++r) {
-    T const* xr = x.data() + r * x.stride(0);
-    T const* dyr = dy.data() + r * dy.stride(0);
-    C const mean = st[2 * r], rstd = st[2 * r + 1];
-    C sum_g{0}, sum_gx{0};
-    for (std::size_t j = 0; j < n; ++j) {
-      C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
-      C const d = to_compute_value<C>(dyr[j]);
-      C const g = d * to_compute_value<C>(w[j]);
-      acc[j] += d * xh;
-      acc[n + j] += d;
-      sum_g += g;
-      sum_gx += g * xh;
     }
-    sum_g /= static_cast<C>(n);
-    sum_gx /= static_cast<C>(n);
-    if (dx.data() == nullptr)
-      continue;
-    T* dxr = dx.data() + r * dx.stride(0);
-    for (std::size_t j = 0; j < n; ++j) {
-      C const xh = (to_compute_value<C>(xr[j]) - mean) * rstd;
-      C const g = to_compute_value<C>(dyr[j]) * to_compute_value<C>(w[j]);
-      dxr[j] = from_compute_value<T>(rstd * (g - sum_g - xh * sum_gx));
-    }
-  }
+  });
+  // The partials folded in block order (2n values a block: one pass, left to right), then
+  // added to the gradients.
+  for (std::size_t p = 1; p < blocks; ++p)
+    for (std::size_t j = 0; j < 2 * n; ++j)
+      acc[j] += acc[2 * n * p + j];
   for (std::size_t j = 0; j < n; ++j) {
     dw[j] = from_compute_value<T>(to_compute_value<C>(dw[j]) + acc[j]);
     db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + acc[n + j]);
   }
+  (void)isa;
 }
 
 } // namespace detail
@@ -305,9 +322,10 @@ private:
   // The backward of this rank's rows: dx, and the gradients += their rows' sums.
   void local_backward(tensor_view<T const> x, saved_type const& s, tensor_view<T const> dy,
                       tensor_view<T> dx) {
-    detail::layer_norm_backward<T, C>(x, dy, dx, weight_.value().data(), s.stats.data(),
-                                      acc_.get(2, features_).data(), weight_.grad().data(),
-                                      bias_.grad().data(), features_);
+    detail::layer_norm_backward<T, C>(
+        x, dy, dx, weight_.value().data(), s.stats.data(),
+        acc_.get(detail::layer_norm_acc_size(x.extent(0), features_), 1).data(),
+        weight_.grad().data(), bias_.grad().data(), features_);
   }
 
   std::string name_;

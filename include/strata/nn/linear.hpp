@@ -30,9 +30,12 @@
 // arithmetic, bit for bit. column_parallel_linear and row_parallel_linear name the two splits.
 #pragma once
 
+#include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/thread_pool.hpp>
+#include <strata/core/vec_map.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/nn/detail/gemm.hpp>
 #include <strata/nn/detail/workspace.hpp>
@@ -85,13 +88,23 @@ void add_bias_grad(T const* dy, std::size_t sdy, std::size_t rows, std::size_t n
   parallel_rows(n, rows, [&](std::size_t j0, std::size_t j1) {
     for (std::size_t j = j0; j < j1; ++j)
       s[j] = C{0};
-    for (std::size_t r = 0; r < rows; ++r) {
-      T const* d = dy + r * sdy;
+    if constexpr (std::is_same_v<T, C>) { // W-byte vectors in the host's copy (core/cpu.hpp)
+      strata::detail::dispatch_isa([&]<std::size_t W>() {
+        for (std::size_t r = 0; r < rows; ++r)
+          strata::detail::vec_map<W, C>(
+              j1 - j0, [](auto& d, auto& a) { a += d; }, dy + r * sdy + j0, s + j0);
+        strata::detail::vec_map<W, C>(
+            j1 - j0, [](auto& a, auto& b) { b += a; }, static_cast<C const*>(s + j0), db + j0);
+      });
+    } else {
+      for (std::size_t r = 0; r < rows; ++r) {
+        T const* d = dy + r * sdy;
+        for (std::size_t j = j0; j < j1; ++j)
+          s[j] += to_compute_value<C>(d[j]);
+      }
       for (std::size_t j = j0; j < j1; ++j)
-        s[j] += to_compute_value<C>(d[j]);
+        db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + s[j]);
     }
-    for (std::size_t j = j0; j < j1; ++j)
-      db[j] = from_compute_value<T>(to_compute_value<C>(db[j]) + s[j]);
   });
 }
 } // namespace detail

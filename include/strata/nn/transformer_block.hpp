@@ -19,6 +19,7 @@
 #include <strata/core/cpu.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/tensor.hpp>
+#include <strata/core/thread_pool.hpp>
 #include <strata/core/vec_map.hpp>
 #include <strata/nn/activation.hpp>
 #include <strata/nn/attention.hpp>
@@ -64,19 +65,23 @@ inline init_rule block_proj_rule(block_options const& o) {
 template <class C, class T>
 void residual_add(tensor_view<T> y, std::type_identity_t<tensor_view<T const>> x,
                   cpu_isa isa = host_isa()) {
-  if constexpr (std::is_same_v<T, C>) {
-    strata::detail::run_isa(isa, [&]<std::size_t W>() {
-      for (std::size_t r = 0; r < y.extent(0); ++r)
-        strata::detail::vec_map<W, T>(
-            y.extent(1), [](auto& yv, auto& xv) { yv = yv + xv; }, y.data() + r * y.stride(0),
-            x.data() + r * x.stride(0));
-    });
-    return;
-  }
-  (void)isa;
-  for (std::size_t r = 0; r < y.extent(0); ++r)
-    for (std::size_t j = 0; j < y.extent(1); ++j)
-      y(r, j) = from_compute_value<T>(to_compute_value<C>(y(r, j)) + to_compute_value<C>(x(r, j)));
+  // In row blocks over the rank's threads (parallel_rows): element by element, the same bits.
+  parallel_rows(y.extent(0), y.extent(1), [&](std::size_t r0, std::size_t r1) {
+    if constexpr (std::is_same_v<T, C>) {
+      strata::detail::run_isa(isa, [&]<std::size_t W>() {
+        for (std::size_t r = r0; r < r1; ++r)
+          strata::detail::vec_map<W, T>(
+              y.extent(1), [](auto& yv, auto& xv) { yv = yv + xv; }, y.data() + r * y.stride(0),
+              x.data() + r * x.stride(0));
+      });
+    } else {
+      (void)isa;
+      for (std::size_t r = r0; r < r1; ++r)
+        for (std::size_t j = 0; j < y.extent(1); ++j)
+          y(r, j) =
+              from_compute_value<T>(to_compute_value<C>(y(r, j)) + to_compute_value<C>(x(r, j)));
+    }
+  });
 }
 
 /// The pre-LN block's forward around its MLP: x1 = x + drop1(attn(ln1(x))), then y = x1 +
