@@ -10,6 +10,9 @@
 #include <strata/core/thread_pool.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/nn/detail/gemm.hpp>
+#include <strata/nn/dropout.hpp>
+#include <strata/nn/layer_norm.hpp>
+#include <strata/nn/transformer_block.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/train/trainer.hpp>
 
@@ -19,8 +22,10 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
@@ -149,6 +154,110 @@ TEST_CASE("the GEMM gives the same bits with 1, 2 and 3 threads", "[threads]") {
   check_gemm_threads<float>(37, 19, 5, false, false);     // one piece
   check_gemm_threads<double>(300, 520, 64, true, true);
   check_gemm_threads<st::bf16>(512, 600, 200, false, true); // strata's own kernel
+}
+
+namespace {
+
+// The outputs of the row-block kernels on one input, with `threads` threads (1: no pool).
+struct row_outputs {
+  std::vector<float> ln_y, ln_stats, ln_dx, ln_dw, ln_db, drop_y, drop_dx, residual;
+  std::vector<std::uint8_t> mask;
+};
+
+row_outputs row_kernels(std::size_t rows, std::size_t cols, std::size_t threads) {
+  namespace nn = st::nn;
+  auto const x = random_values<float>(rows * cols, st::test::seed() + 11);
+  auto const dy = random_values<float>(rows * cols, st::test::seed() + 12);
+  auto const w = random_values<float>(cols, st::test::seed() + 13);
+  auto const b = random_values<float>(cols, st::test::seed() + 14);
+  st::thread_pool pool(threads);
+  st::pool_scope scope(threads > 1 ? &pool : nullptr);
+  row_outputs o;
+  o.ln_y.resize(rows * cols);
+  o.ln_stats.resize(2 * rows);
+  o.ln_dx.resize(rows * cols);
+  o.ln_dw.assign(cols, 0.25f);
+  o.ln_db.assign(cols, -0.5f);
+  std::vector<float> acc(nn::detail::layer_norm_acc_size(rows, cols));
+  st::tensor_view<float const> xv(x.data(), {rows, cols});
+  st::tensor_view<float const> dyv(dy.data(), {rows, cols});
+  nn::detail::layer_norm_forward<float, float>(xv, {o.ln_y.data(), {rows, cols}}, w.data(),
+                                               b.data(), 1e-5f, o.ln_stats.data(), cols);
+  nn::detail::layer_norm_backward<float, float>(xv, dyv, {o.ln_dx.data(), {rows, cols}}, w.data(),
+                                                o.ln_stats.data(), acc.data(), o.ln_dw.data(),
+                                                o.ln_db.data(), cols);
+  nn::dropout<float> drop("blocks.0.drop", cols, 0.3);
+  nn::layer_context ctx;
+  ctx.batch = rows;
+  ctx.seed = st::test::seed();
+  ctx.step = 3;
+  ctx.first_row = 40;
+  nn::dropout<float>::saved_type saved;
+  o.drop_y.resize(rows * cols);
+  o.drop_dx.resize(rows * cols);
+  drop.forward(ctx, xv, {o.drop_y.data(), {rows, cols}}, saved);
+  drop.backward(ctx, xv, saved, dyv, {o.drop_dx.data(), {rows, cols}});
+  o.mask.assign(saved.mask.data(), saved.mask.data() + rows * cols);
+  o.residual = x;
+  nn::detail::residual_add<float>(st::tensor_view<float>(o.residual.data(), {rows, cols}), dyv);
+  return o;
+}
+
+template <class T>
+bool same_bits(std::vector<T> const& a, std::vector<T> const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// Column sums of v (rows x cols) with one partial a thread, rows split evenly over `threads`
+// (an OpenMP-style reduction): the split follows the thread count.
+std::vector<float> sums_by_thread(std::vector<float> const& v, std::size_t rows, std::size_t cols,
+                                  std::size_t threads) {
+  std::vector<float> part(threads * cols, 0.0f), out(cols, 0.0f);
+  for (std::size_t t = 0; t < threads; ++t)
+    for (std::size_t r = t * rows / threads; r < (t + 1) * rows / threads; ++r)
+      for (std::size_t j = 0; j < cols; ++j)
+        part[t * cols + j] += v[r * cols + j];
+  for (std::size_t t = 0; t < threads; ++t)
+    for (std::size_t j = 0; j < cols; ++j)
+      out[j] += part[t * cols + j];
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("layer norm, dropout and the residual add give the same bits with 1, 2 and 3 threads; "
+          "sums split by the thread count do not",
+          "[threads]") {
+  std::size_t const rows = 300, cols = 520; // 9 row blocks (split_rows)
+  REQUIRE(st::split_rows(rows, cols).count == 9);
+  row_outputs const one = row_kernels(rows, cols, 1);
+  for (std::size_t threads : {2u, 3u}) {
+    INFO(threads << " threads");
+    row_outputs const t = row_kernels(rows, cols, threads);
+    CHECK(same_bits(one.ln_y, t.ln_y));
+    CHECK(same_bits(one.ln_stats, t.ln_stats));
+    CHECK(same_bits(one.ln_dx, t.ln_dx));
+    CHECK(same_bits(one.ln_dw, t.ln_dw));
+    CHECK(same_bits(one.ln_db, t.ln_db));
+    CHECK(same_bits(one.mask, t.mask));
+    CHECK(same_bits(one.drop_y, t.drop_y));
+    CHECK(same_bits(one.drop_dx, t.drop_dx));
+    CHECK(same_bits(one.residual, t.residual));
+  }
+  // The gradients' sums are sums: the bias gradient is db0 + the column sums of dy, within
+  // rounding of the sum in double.
+  auto const dy = random_values<float>(rows * cols, st::test::seed() + 12);
+  double worst = 0;
+  for (std::size_t j = 0; j < cols; ++j) {
+    double s = -0.5;
+    for (std::size_t r = 0; r < rows; ++r)
+      s += static_cast<double>(dy[r * cols + j]);
+    worst = std::max(worst, std::abs(s - static_cast<double>(one.ln_db[j])));
+  }
+  CHECK(worst < 1e-4);
+  // The fault the fixed blocks prevent: partials per thread give other bits with 2 threads
+  // than with 1, and the comparison above would catch it.
+  CHECK_FALSE(same_bits(sums_by_thread(dy, rows, cols, 1), sums_by_thread(dy, rows, cols, 2)));
 }
 
 namespace {
