@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds strata's tests with a sanitizer in a build directory of their own and runs them:
-#   scripts/sanitize.sh thread              the local backend's tests (label local) under TSan,
-#                                           in build-sanitize-thread/
+#   scripts/sanitize.sh thread              the local backend's tests (label local) but the heavy
+#                                           ones under TSan, in build-sanitize-thread/
 #   scripts/sanitize.sh address,undefined   the quick suite but gpu, compile_fail, rss (resident
-#                                           memory) and the MPI parity tests under ASan,
+#                                           memory), heavy and the MPI parity tests under ASan,
 #                                           LSan and UBSan, in build-sanitize-address/
+# Label heavy: the tests of the two executables whose compiles were half of these runs
+# (strata_test_parallel, strata_test_precision; test/parallel/CMakeLists.txt).
 # Extra arguments go to ctest (e.g. -R conformance, -E errors; not -LE, which would replace the
 # mode's). Fails when a test fails, when one is skipped (ctest counts skips among the passed) or
 # when none matches.
@@ -50,7 +52,7 @@ thread)
   # Optimised: TSan finds more interleavings the faster the threads run; it compiles quickly.
   build_type=RelWithDebInfo
   configure=(-DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_BUILD_EXAMPLES=OFF)
-  passes+=("$lsan_options;-L;^local$;-LE;^(gpu|sanitize|rss)$")
+  passes+=("$lsan_options;-L;^local$;-LE;^(gpu|sanitize|rss|heavy)$")
   ;;
 address,undefined)
   build="$root/build-sanitize-address"
@@ -59,11 +61,11 @@ address,undefined)
   build_type=Debug
   # The examples have a quick test (examples.comm_demo); the benchmarks have none.
   configure=(-DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_BUILD_EXAMPLES=ON)
-  passes+=("$lsan_options;-L;^quick$;-LE;^(gpu|sanitize|mpi|compile_fail|rss)$")
+  passes+=("$lsan_options;-L;^quick$;-LE;^(gpu|sanitize|mpi|compile_fail|rss|heavy)$")
   # The MPI pass runs the backend's own tests (conformance, errors, launch) and the example, not
   # the MPI parity program (parallel.mpi.np2): the engine and strategies it runs are checked
   # under ASan by the local parity lines, and its nested -O0 compile was 150 s of the CI run.
-  passes+=("$mpi_lsan_options;-L;^quick$;-L;^mpi$;-LE;^(gpu|sanitize|compile_fail|rss|parity)$")
+  passes+=("$mpi_lsan_options;-L;^quick$;-L;^mpi$;-LE;^(gpu|sanitize|compile_fail|rss|parity|heavy)$")
   ;;
 *)
   echo "scripts/sanitize.sh: unknown sanitizer '$mode'" >&2

@@ -10,12 +10,24 @@
 // set; a copy with FMA contracts a * b + c into one rounding (the compiler's default
 // -ffp-contract=fast), so the two copies may differ in the last bit, while one machine always
 // runs the same copy. STRATA_ISA=base in the environment forces the baseline copy (tests of the
-// baseline on an AVX2 machine).
+// baseline on an AVX2 machine) where both copies are compiled (see STRATA_ISA_ONE_COPY below).
 #pragma once
 
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
+
+// A translation unit whose target already has AVX2 and FMA (-march=native on such a machine,
+// -march=x86-64-v3) compiles only the AVX2 copy: the baseline one could never run where this
+// code runs. STRATA_ISA_BOTH_COPIES keeps both (the tests comparing the copies define it for
+// their whole executable: an inline function must not differ between the files of a program).
+#if !defined(STRATA_ISA_ONE_COPY)
+#if defined(__AVX2__) && defined(__FMA__) && !defined(STRATA_ISA_BOTH_COPIES)
+#define STRATA_ISA_ONE_COPY 1
+#else
+#define STRATA_ISA_ONE_COPY 0
+#endif
+#endif
 
 namespace strata {
 
@@ -29,7 +41,9 @@ constexpr char const* isa_name(cpu_isa i) noexcept {
 
 namespace detail {
 inline cpu_isa detect_isa() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
+#if STRATA_ISA_ONE_COPY
+  return cpu_isa::avx2; // the only copy; this code does not run without AVX2 and FMA
+#elif defined(__x86_64__) || defined(__i386__)
   if (char const* e = std::getenv("STRATA_ISA"); e != nullptr && std::strcmp(e, "base") == 0)
     return cpu_isa::base;
   __builtin_cpu_init();
@@ -78,6 +92,9 @@ template <class F>
 /// Runs f.operator()<W>() compiled for the host's instruction set (see the file comment).
 template <class F>
 inline void dispatch_isa(F const& f) {
+#if STRATA_ISA_ONE_COPY
+  run_isa_avx2(f);
+#else
 #if defined(__x86_64__) || defined(__i386__)
   if (host_isa() == cpu_isa::avx2) {
     run_isa_avx2(f);
@@ -85,6 +102,7 @@ inline void dispatch_isa(F const& f) {
   }
 #endif
   run_isa_base(f);
+#endif
 }
 
 } // namespace detail

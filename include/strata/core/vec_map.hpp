@@ -35,6 +35,10 @@ inline bool detect_isa_hardware() noexcept {
 /// with FMA. dispatch_isa(f) is run_isa(host_isa(), f).
 template <class F>
 inline void run_isa(cpu_isa isa, F const& f) {
+#if STRATA_ISA_ONE_COPY
+  (void)isa;
+  run_isa_avx2(f);
+#else
 #if defined(__x86_64__) || defined(__i386__)
   if (isa == cpu_isa::avx2 && detect_isa_hardware()) {
     run_isa_avx2(f);
@@ -43,6 +47,7 @@ inline void run_isa(cpu_isa isa, F const& f) {
 #endif
   (void)isa;
   run_isa_base(f);
+#endif
 }
 
 /// Stores v at p when p is writable; nothing for a const pointer.

@@ -119,25 +119,47 @@ struct relu_op {
 
 // tanh in f32 without a call: Eigen's rational approximation (generic_fast_tanh_float), a
 // degree-13 odd over degree-6 even polynomial on x clamped to +-7.9053 (where tanh is 1 in
-// f32). Within 3e-7 of std::tanh over [-10, 10]. out = tanh(x).
+// f32). Within 3.5e-7 of std::tanh over [-10, 10]. out = tanh(x). In the AVX2 copy the
+// polynomials in x^2 go by Estrin's scheme (x^2, x^4 and three products in parallel: a
+// shorter dependency chain than Horner's, which kept the out-of-order core waiting); a float
+// and the baseline's vectors, without FMA, keep Horner's, whose rounding leaves tanh nearer 1
+// at the clamp (gelu's derivative multiplies 1 - tanh^2 there by up to 14 on [-6, 6]).
 template <class V>
 [[gnu::always_inline]] inline void rational_tanh(V& out, V const& x_in) noexcept {
+  using strata::detail::vfma;
   V const c = x_in * 0 + 7.90531110763549805f;
   V x = x_in > c ? c : x_in;
   x = x < -c ? -c : x;
-  V const x2 = x * x;
-  V p;
-  strata::detail::vfma(p, x2, -2.76076847742355e-16f, 2.00018790482477e-13f);
-  strata::detail::vfma(p, x2, p, -8.60467152213735e-11f);
-  strata::detail::vfma(p, x2, p, 5.12229709037114e-08f);
-  strata::detail::vfma(p, x2, p, 1.48572235717979e-05f);
-  strata::detail::vfma(p, x2, p, 6.37261928875436e-04f);
-  strata::detail::vfma(p, x2, p, 4.89352455891786e-03f);
+  V const y = x * x;
+  V p, q;
+  if constexpr (std::is_same_v<V, strata::detail::vec<float, 32>>) {
+    V const y2 = y * y;
+    V const y4 = y2 * y2;
+    // p(y) = (c0 + c1 y) + y^2 (c2 + c3 y) + y^4 ((c4 + c5 y) + c6 y^2)
+    V e0, e1, e2, f0, f1;
+    vfma(e0, y, 6.37261928875436e-04f, 4.89352455891786e-03f);
+    vfma(e1, y, 5.12229709037114e-08f, 1.48572235717979e-05f);
+    vfma(e2, y, 2.00018790482477e-13f, -8.60467152213735e-11f);
+    vfma(f0, y2, e1, e0);
+    vfma(f1, y2, -2.76076847742355e-16f, e2);
+    vfma(p, y4, f1, f0);
+    // q(y) = (d0 + d1 y) + y^2 (d2 + d3 y)
+    V g0, g1;
+    vfma(g0, y, 2.26843463243900e-03f, 4.89352518554385e-03f);
+    vfma(g1, y, 1.19825839466702e-06f, 1.18534705686654e-04f);
+    vfma(q, y2, g1, g0);
+  } else {
+    vfma(p, y, -2.76076847742355e-16f, 2.00018790482477e-13f);
+    vfma(p, y, p, -8.60467152213735e-11f);
+    vfma(p, y, p, 5.12229709037114e-08f);
+    vfma(p, y, p, 1.48572235717979e-05f);
+    vfma(p, y, p, 6.37261928875436e-04f);
+    vfma(p, y, p, 4.89352455891786e-03f);
+    vfma(q, y, 1.19825839466702e-06f, 1.18534705686654e-04f);
+    vfma(q, y, q, 2.26843463243900e-03f);
+    vfma(q, y, q, 4.89352518554385e-03f);
+  }
   p = x * p;
-  V q;
-  strata::detail::vfma(q, x2, 1.19825839466702e-06f, 1.18534705686654e-04f);
-  strata::detail::vfma(q, x2, q, 2.26843463243900e-03f);
-  strata::detail::vfma(q, x2, q, 4.89352518554385e-03f);
   out = p / q;
 }
 
@@ -155,23 +177,35 @@ struct gelu_op {
   }
 
   // y = gelu(v), dx = gelu'(v) d: the f32 formulas of the rows, on floats or vectors.
+  // u = k (v + a v^3) = v (k + k a v^2), fused in the AVX2 copy.
+  template <class V>
+  [[gnu::always_inline]] static void inner_lanes(V& u, V const& v, V const& v2) noexcept {
+    V w;
+    strata::detail::vfma(w, v2, k * a, k);
+    u = v * w;
+  }
   template <class V>
   [[gnu::always_inline]] static void f_lanes(V& y, V const& v) noexcept {
-    V inner; // v + a v^3, fused in the AVX2 copy
-    strata::detail::vfma(inner, a * v * v, v, v);
-    V const u = k * inner;
-    V t;
+    V u, t;
+    inner_lanes(u, v, v * v);
     rational_tanh(t, u);
-    y = 0.5f * v * (1.0f + t);
+    V const h = 0.5f * v;
+    strata::detail::vfma(y, h, t, h); // v/2 (1 + t)
   }
   template <class V>
   [[gnu::always_inline]] static void df_lanes(V& dx, V const& v, V const& d) noexcept {
-    V inner; // v + a v^3, fused in the AVX2 copy
-    strata::detail::vfma(inner, a * v * v, v, v);
-    V const u = k * inner;
-    V t;
+    V const v2 = v * v;
+    V u, t;
+    inner_lanes(u, v, v2);
     rational_tanh(t, u);
-    dx = (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * k * (1.0f + 3.0f * a * v * v)) * d;
+    // (1 + t)/2 + v/2 (1 - t^2) k (1 + 3 a v^2); the last factor beside the tanh
+    V du;
+    strata::detail::vfma(du, v2, 3.0f * a * k, k);
+    V const h = 0.5f * v * du;
+    V const s = 1.0f - t * t;
+    V g;
+    strata::detail::vfma(g, h, s, 0.5f + 0.5f * t);
+    dx = g * d;
   }
 
   template <std::size_t W>
@@ -189,52 +223,44 @@ struct gelu_op {
   }
 };
 
-// floor and 2^m (m an integer value in [-126, 127]) on the lanes, in place, alike for a float
-// and a vector: the integer conversions truncate, and a lane above its argument steps down.
-template <class V>
-[[gnu::always_inline]] inline void floor_lanes(V& x) noexcept {
-  if constexpr (std::is_same_v<V, float>) {
-    x = std::floor(x);
-  } else {
-    using I = strata::detail::vec<int, sizeof(V)>;
-    V const t = __builtin_convertvector(__builtin_convertvector(x, I), V);
-    x = t > x ? t - 1.0f : t;
-  }
-}
-template <class V>
-[[gnu::always_inline]] inline void pow2_lanes(V& m) noexcept {
-  if constexpr (std::is_same_v<V, float>) {
-    m = __builtin_bit_cast(float, (static_cast<int>(m) + 127) << 23);
-  } else {
-    using I = strata::detail::vec<int, sizeof(V)>;
-    I const bits = (__builtin_convertvector(m, I) + 127) << 23;
-    m = __builtin_bit_cast(V, bits);
-  }
-}
-
 // exp in f32 without a call for x <= 0 (what normal_cdf and gelu's derivative take): Cephes'
-// expf, as Eigen's pexp_float: x = m ln 2 + r (m = floor(x log2 e + 1/2), ln 2 in two parts), a
-// degree-5 polynomial for e^r, times 2^m from m's bits; x clamped to >= -87 (e^-87 ~ 1.6e-38
-// is still a normal float). Within 2 ulp of std::exp there. out = e^x.
+// expf, as Eigen's pexp_float: x = m ln 2 + r (m the integer nearest x log2 e, ln 2 in two
+// parts), a degree-5 polynomial for e^r (Estrin's scheme), times 2^m; x clamped to >= -87
+// (e^-87 ~ 1.6e-38 is still a normal float). m comes from adding 1.5 2^23, which leaves it in
+// the low bits of the sum (rounded to nearest, ties to even, alike for a float and a vector
+// lane), and 2^m from those bits: no conversion, no floor. Within 2 ulp of std::exp there.
+// out = e^x.
 template <class V>
 [[gnu::always_inline]] inline void cephes_exp_nonpositive(V& out, V const& x_in) noexcept {
+  using strata::detail::vfma;
   V const lo = x_in * 0 - 87.0f;
   V const x = x_in < lo ? lo : x_in;
-  V m = x * 1.44269504088896341f + 0.5f;
-  floor_lanes(m);
-  V r = x - m * 0.693359375f;
-  r = r + m * 2.12194440e-4f;
+  constexpr float magic = 12582912.0f; // 1.5 2^23: m + magic is exact for |m| < 2^22
+  V const s = x * 1.44269504088896341f + magic;
+  V const m = s - magic;
+  V r; // x - m ln 2, ln 2 = 0.693359375 - 2.12194440e-4 (m 0.693359375 is exact)
+  vfma(r, m, -0.693359375f, x);
+  vfma(r, m, 2.12194440e-4f, r);
   V const r2 = r * r;
-  V y;
-  strata::detail::vfma(y, r, 1.9875691500e-4f, 1.3981999507e-3f);
-  strata::detail::vfma(y, y, r, 8.3334519073e-3f);
-  strata::detail::vfma(y, y, r, 4.1665795894e-2f);
-  strata::detail::vfma(y, y, r, 1.6666665459e-1f);
-  strata::detail::vfma(y, y, r, 5.0000001201e-1f);
-  strata::detail::vfma(y, y, r2, r);
+  V const r4 = r2 * r2;
+  // P(r) = (p0 + p1 r) + r^2 (p2 + p3 r) + r^4 (p4 + p5 r); e^r = 1 + r + r^2 P(r)
+  V a0, a1, a2, b, y;
+  vfma(a0, r, 1.6666665459e-1f, 5.0000001201e-1f);
+  vfma(a1, r, 8.3334519073e-3f, 4.1665795894e-2f);
+  vfma(a2, r, 1.9875691500e-4f, 1.3981999507e-3f);
+  vfma(b, r2, a1, a0);
+  vfma(b, r4, a2, b);
+  vfma(y, b, r2, r);
   y = y + 1.0f;
-  pow2_lanes(m);
-  out = y * m;
+  // 2^m: the sum's bits are those of magic plus m; magic's shifted out by 23, m + 127 is left.
+  V two_m;
+  if constexpr (std::is_same_v<V, float>) {
+    two_m = __builtin_bit_cast(float, (__builtin_bit_cast(std::uint32_t, s) + 127u) << 23);
+  } else {
+    using U = strata::detail::vec<std::uint32_t, sizeof(V)>;
+    two_m = __builtin_bit_cast(V, (__builtin_bit_cast(U, s) + 127u) << 23);
+  }
+  out = y * two_m;
 }
 
 // Phi(x), the standard normal distribution function, in f32 without a call: Phi(x) =
@@ -242,18 +268,23 @@ template <class V>
 // (a2 + ... + t a5)) exp(-z^2), t = 1 / (1 + 0.3275911 z), its error below 1.5e-7 (PyTorch's
 // vectorised CPU erf uses the same formula as 1 - erfc). Taken as erfc, the negative tail does
 // not cancel as 1 + erf(x / sqrt 2) would. x Phi(x) is within 2.2e-7 of the exact gelu,
-// relative to max(1, |gelu|), over [-20, 20] (std::erf in f32: 1.2e-7). out = Phi(x).
+// relative to max(1, |gelu|), over [-20, 20] (std::erf in f32: 1.2e-7). out = Phi(x); e =
+// exp(-x^2 / 2) (computed as exp(-z^2): what gelu's derivative needs too).
 template <class V>
-[[gnu::always_inline]] inline void normal_cdf(V& out, V const& x) noexcept {
+[[gnu::always_inline]] inline void normal_cdf(V& out, V& e, V const& x) noexcept {
+  using strata::detail::vfma;
   V const z = (x < 0 ? -x : x) * 0.70710678118654752440f;
-  V const t = 1.0f / (1.0f + 0.3275911f * z);
-  V p;
-  strata::detail::vfma(p, t, 1.061405429f, -1.453152027f);
-  strata::detail::vfma(p, t, p, 1.421413741f);
-  strata::detail::vfma(p, t, p, -0.284496736f);
-  strata::detail::vfma(p, t, p, 0.254829592f);
-  V e;
-  cephes_exp_nonpositive(e, z * 0 - z * z);
+  V den;
+  vfma(den, z, 0.3275911f, 1.0f);
+  V const t = 1.0f / den;
+  V const t2 = t * t;
+  // a2 + a3 t + a4 t^2 + a5 t^3 as (a2 + a3 t) + t^2 (a4 + a5 t); then a1 + t (...)
+  V c0, c1, p;
+  vfma(c0, t, 1.421413741f, -0.284496736f);
+  vfma(c1, t, 1.061405429f, -1.453152027f);
+  vfma(p, t2, c1, c0);
+  vfma(p, t, p, 0.254829592f);
+  cephes_exp_nonpositive(e, z * -z);
   V const half_erfc = 0.5f * t * p * e;
   out = x < 0 ? half_erfc : 1.0f - half_erfc;
 }
@@ -274,16 +305,17 @@ struct gelu_erf_op {
   // y = gelu(v), dx = gelu'(v) d: the f32 formulas of the rows, on floats or vectors.
   template <class V>
   [[gnu::always_inline]] static void f_lanes(V& y, V const& v) noexcept {
-    V phi;
-    normal_cdf(phi, v);
+    V phi, e;
+    normal_cdf(phi, e, v);
     y = v * phi;
   }
   template <class V>
   [[gnu::always_inline]] static void df_lanes(V& dx, V const& v, V const& d) noexcept {
     V phi, e;
-    normal_cdf(phi, v);
-    cephes_exp_nonpositive(e, -0.5f * v * v);
-    dx = (phi + v * inv_sqrt_2pi * e) * d;
+    normal_cdf(phi, e, v);
+    V g;
+    strata::detail::vfma(g, v * inv_sqrt_2pi, e, phi);
+    dx = g * d;
   }
 
   template <std::size_t W>
