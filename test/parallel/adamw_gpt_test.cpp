@@ -4,7 +4,9 @@
 // rows of both signs, a layer-norm gain) turns the rounding of another summation order into a
 // step-sized difference: the parameter criterion cannot be DESIGN.md's 1e-4 of how far each
 // tensor moved. Its tolerance here, adamw_f32_param_tolerance, was measured over seeds
-// (docs/testing.md: the worst tensor of every line over 60 seeds); losses (1e-5 relative) and
+// (docs/testing.md: the worst tensor of every line over 160 seeds), and the harness widens it
+// on a seed whose trajectory rounding alone moves further (parity_report::sensitivity, the
+// last test below); losses (1e-5 relative) and
 // first gradients (1e-5) keep DESIGN.md's, and the SGD lines elsewhere stay the strict ones.
 #include <strata/models/gpt.hpp>
 #include <strata/train/trainer.hpp>
@@ -80,4 +82,30 @@ TEST_CASE("f32 AdamW on the GPT with tied embeddings: zero<3> and 1F1B",
   st::test::require_ok(
       st::test::check_parity<st::plan<st::sharded<st::zero<3>>>>(2, g, adamw, {.dp = 2}));
   st::test::require_ok(st::test::check_parity<pipe>(2, g, adamw, {.pp = 2}));
+}
+
+// A sensitive seed (the one a CI run drew, 2026-12-02): under it one rank trained with 2
+// micro-batches, which only reorders sums, ends 4.5e-3 of the way from one rank on a layer-norm
+// gain, above the stated tolerance, and so do ZeRO-3 and data parallel. The harness measures
+// that sensitivity on every f32 AdamW line and holds the plan to sensitivity_factor times it
+// (docs/testing.md, "a sensitive seed"); a learning rate 10% off must still fail there. The
+// seed's sensitivity depends on the kernels' rounding: if a change to them makes this seed
+// ordinary, the first REQUIRE says so and a new seed must be found with the sweep in
+// docs/testing.md.
+TEST_CASE("f32 AdamW on the GPT with tied embeddings: a sensitive seed",
+          "[parallel][parity][adamw32][tie]") {
+  auto g = gpt;
+  g.config.tie_embeddings = true;
+  auto o = adamw;
+  o.seed = 14701106911495815251ull;
+  auto const r = st::test::check_parity<st::plan<st::sharded<st::zero<3>>>>(2, g, o, {.dp = 2});
+  INFO(r.summary());
+  REQUIRE(r.sensitivity > adamw_f32_param_tolerance);
+  REQUIRE(r.ok);
+  auto bad = o;
+  bad.fault_lr_scale = 1.1;
+  auto const f = st::test::check_parity<st::plan<st::sharded<st::zero<3>>>>(2, g, bad, {.dp = 2});
+  INFO(f.summary());
+  REQUIRE_FALSE(f.ok);
+  REQUIRE(f.param > 1);
 }
