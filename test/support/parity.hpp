@@ -131,7 +131,7 @@ struct parity_report {
   double loss = 0, grad = 0, param = 0; ///< worst error / tolerance
   std::vector<double> ref_loss, run_loss;
   std::size_t tensors = 0;
-  /// Lines with a measured parameter tolerance (parity_options::param_tolerance): the worst
+  /// f32 lines with a measured parameter tolerance (parity_options::param_tolerance): the worst
   /// tensor's ||p_alt - p_ref||2 / ||p_ref - p0||2 of a second one-rank run that differs from
   /// the reference only in its summation order (2 micro-batches), i.e. how far this seed's
   /// trajectory moves under rounding alone; and the tolerance used, the larger of the stated
@@ -421,9 +421,13 @@ parity_report check_parity(C& world, Model const& model, parity_options o,
   // element's step turns rounding into a difference a hundred times the usual one; the plan is
   // then held to a multiple of what one rank itself does, not to a fixed number.
   double const ptol = o.param_tolerance > 0 ? o.param_tolerance : tol::param;
-  bool const sense = o.param_tolerance > 0 && o.sequences % 2 == 0;
   std::optional<trainer<Model>> alt;
-  if (sense) {
+  if (o.param_tolerance > 0 && !tol::f64) {
+    if (o.sequences % 2 != 0)
+      throw check_failed("parity: a line with a measured tolerance runs one rank at 2 "
+                         "micro-batches beside the reference, so its global batch must be even; "
+                         "it has " +
+                         std::to_string(o.sequences) + " sequences");
     trainer_options ao = to;
     ao.micro_batches = 2;
     alt.emplace(model, detail::parity_optimizer_of<T>(o), ao);
