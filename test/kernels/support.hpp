@@ -15,6 +15,10 @@
 #include <span>
 #include <vector>
 
+#ifndef STRATA_TEST_THRUST
+#define STRATA_TEST_THRUST 0
+#endif
+
 #if STRATA_TEST_THRUST
 #include <thrust/execution_policy.h>
 #include <thrust/for_each.h>
@@ -28,7 +32,7 @@ inline constexpr unsigned team_lanes[] = {1, 32, 256, 1024};
 inline constexpr std::size_t row_widths[] = {1, 63, 768, 769, 3072};
 
 /// Whether this build runs the functors through Thrust's CPP system too.
-inline constexpr bool have_thrust = STRATA_TEST_THRUST + 0 != 0;
+inline constexpr bool have_thrust = STRATA_TEST_THRUST != 0;
 
 /// f(i) for i in [0, n) through Thrust's CPP system (a plain loop where Thrust is absent).
 template <class F>
