@@ -6,6 +6,7 @@
 #include <strata/core/thread_pool.hpp>
 #include <strata/core/vec_map.hpp>
 #include <strata/optim/detail/number_text.hpp>
+#include <strata/optim/kernels/adamw.hpp>
 #include <strata/optim/optimizer.hpp>
 #include <strata/optim/state.hpp>
 
@@ -30,81 +31,57 @@ struct adamw_options {
 
 namespace detail {
 
+// The coefficients and the element update live in optim/kernels/adamw.hpp, where the device's
+// AdamW reads the same functor (see adamw_step for the formula).
 template <std::floating_point T>
-struct adamw_coefficients {
-  T grad_scale;
-  T decay;           // 1 - lr * wd
-  T one_minus_beta1; // the lerp weight of the first moment
-  T beta2;
-  T one_minus_beta2;
-  T bias_correction2_sqrt; // sqrt(1 - beta2^t)
-  T eps;
-  T neg_step_size; // -lr / (1 - beta1^t)
-};
+using adamw_coefficients = kernels::adamw_coefficients<T>;
 
-// The update of torch.optim.AdamW (torch/optim/adam.py, _single_tensor_adam with
-// decoupled_weight_decay, amsgrad off; _single_tensor_adamw in older releases), element by
-// element in its order of operations, with the scalars computed in double as Python does:
-//   p = p * (1 - lr * wd)
-//   g = grad * scale
-//   m = lerp(m, g, 1 - beta1)                      m + w * (g - m), or g - (g - m) * (1 - w)
-//   v = v * beta2 + (1 - beta2) * g * g
-//   denom = sqrt(v) / sqrt(1 - beta2^t) + eps      eps is added to sqrt(v_hat)
-//   p = p + (-lr / (1 - beta1^t)) * (m / denom)
-// which is Loshchilov & Hutter's AdamW: p -= lr * (wd * p + m_hat / (sqrt(v_hat) + eps)),
-// with the decay applied first.
-//
-// Run W-byte vectors at a time in the copy of `isa` (core/cpu.hpp), the tail through the same
-// vector body; no product is fused into the sum it feeds (no_contract), and the square root
-// and division are IEEE's, so either copy gives these operations' bits.
+// Runs kernels::adamw_step over n elements, W-byte vectors at a time in the copy of `isa`
+// (core/cpu.hpp), the tail through the same vector body; no product is fused into the sum it
+// feeds and the square root and division are IEEE's, so either copy gives these operations'
+// bits, which are also the device functor's (kernels::adamw_update).
 template <bool LerpLowWeight, class T>
 void adamw_update(std::span<T> p, std::span<T const> grad, T* m, T* v,
                   adamw_coefficients<T> const& c, cpu_isa isa = host_isa()) noexcept {
-  using strata::detail::no_contract;
+  kernels::adamw_step<T, LerpLowWeight> const update{c};
   std::size_t const n = p.size();
-  T const w = c.one_minus_beta1;
-  T const one_minus_w = T(1) - w;
   strata::detail::run_isa(isa, [&]<std::size_t W>() {
     using V = strata::detail::vec<T, W>;
     strata::detail::vec_map<W, T>(
-        n,
-        [&](V& gi, V& pv, V& mv, V& vv) {
-          V pi = pv * c.decay;
-          no_contract(pi);
-          V g = gi * c.grad_scale;
-          no_contract(g);
-          V mi;
-          if constexpr (LerpLowWeight) {
-            V step = w * (g - mv);
-            no_contract(step);
-            mi = mv + step;
-          } else {
-            V step = (g - mv) * one_minus_w;
-            no_contract(step);
-            mi = g - step;
-          }
-          V kept = vv * c.beta2;
-          V added = c.one_minus_beta2 * g * g;
-          no_contract(kept);
-          no_contract(added);
-          V const vi = kept + added;
-          V root;
-          strata::detail::vsqrt(root, vi);
-          V const denom = root / c.bias_correction2_sqrt + c.eps;
-          V delta = c.neg_step_size * (mi / denom);
-          no_contract(delta);
-          mv = mi;
-          vv = vi;
-          pv = pi + delta;
-        },
-        grad.data(), p.data(), m, v);
+        n, [&](V& g, V& pv, V& mv, V& vv) { update(pv, g, mv, vv); }, grad.data(), p.data(), m, v);
   });
 }
 
 } // namespace detail
 
+/// The coefficients of one AdamW step of these options and step context, computed in double
+/// as PyTorch's Python does and rounded to T once: what optim::adamw's update and the device's
+/// kernels::adamw_update read. With a clip factor read on the device, pass ctx.grad_scale
+/// without it (the device multiplies it in).
+template <std::floating_point T>
+kernels::adamw_coefficients<T> adamw_coefficients_for(adamw_options const& o,
+                                                      step_context const& ctx) {
+  double const t = static_cast<double>(ctx.step);
+  double const bias_correction1 = 1.0 - std::pow(o.beta1, t);
+  double const bias_correction2 = 1.0 - std::pow(o.beta2, t);
+  return {static_cast<T>(ctx.grad_scale),
+          static_cast<T>(1.0 - ctx.lr * (o.weight_decay * ctx.weight_decay_mult)),
+          static_cast<T>(1.0 - o.beta1),
+          static_cast<T>(o.beta2),
+          static_cast<T>(1.0 - o.beta2),
+          static_cast<T>(std::sqrt(bias_correction2)),
+          static_cast<T>(o.eps),
+          static_cast<T>(-(ctx.lr / bias_correction1))};
+}
+
+/// Which of PyTorch's two lerp forms the first moment takes: the first for weights 1 - beta1
+/// below 0.5 (beta1 > 0.5), else the second (kernels::adamw_step's LerpLowWeight).
+inline bool adamw_lerp_low_weight(adamw_options const& o) noexcept {
+  return 1.0 - o.beta1 < 0.5;
+}
+
 /// AdamW over a flat buffer of n elements of T, with torch.optim.AdamW's semantics (see
-/// detail::adamw_update for the formula): decoupled weight decay, bias correction from the
+/// kernels::adamw_step for the formula): decoupled weight decay, bias correction from the
 /// step number in step_context, eps added to sqrt(v_hat). It holds 2n elements of T: the
 /// first moment "exp_avg" and the second "exp_avg_sq", both starting at zero.
 template <std::floating_point T = float>
@@ -139,23 +116,11 @@ public:
   void step(std::span<T> params, std::span<T const> grads, step_context const& ctx,
             std::size_t offset) {
     detail::check_step("adamw", ctx, params.size(), grads.size(), offset, size());
-    double const t = static_cast<double>(ctx.step);
-    double const bias_correction1 = 1.0 - std::pow(options_.beta1, t);
-    double const bias_correction2 = 1.0 - std::pow(options_.beta2, t);
-    detail::adamw_coefficients<T> const c{
-        static_cast<T>(ctx.grad_scale),
-        static_cast<T>(1.0 - ctx.lr * (options_.weight_decay * ctx.weight_decay_mult)),
-        static_cast<T>(1.0 - options_.beta1),
-        static_cast<T>(options_.beta2),
-        static_cast<T>(1.0 - options_.beta2),
-        static_cast<T>(std::sqrt(bias_correction2)),
-        static_cast<T>(options_.eps),
-        static_cast<T>(-(ctx.lr / bias_correction1))};
+    auto const c = adamw_coefficients_for<T>(options_, ctx);
     T* const m = exp_avg_.data() + offset;
     T* const v = exp_avg_sq_.data() + offset;
-    // PyTorch's lerp takes its first form for weights below 0.5 (beta1 > 0.5), else its second.
     // In blocks over the rank's threads (parallel_rows): element by element, so the same bits.
-    bool const low = 1.0 - options_.beta1 < 0.5;
+    bool const low = adamw_lerp_low_weight(options_);
     parallel_rows(params.size(), 1, [&](std::size_t a, std::size_t b) {
       std::span<T> const p = params.subspan(a, b - a);
       std::span<T const> const g = grads.subspan(a, b - a);

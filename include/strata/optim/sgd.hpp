@@ -5,6 +5,7 @@
 #include <strata/core/error.hpp>
 #include <strata/core/vec_map.hpp>
 #include <strata/optim/detail/number_text.hpp>
+#include <strata/optim/kernels/sgd.hpp>
 #include <strata/optim/optimizer.hpp>
 #include <strata/optim/state.hpp>
 
@@ -29,73 +30,33 @@ struct sgd_options {
 
 namespace detail {
 
+// The coefficients and the element update live in optim/kernels/sgd.hpp, where the device's
+// SGD reads the same functor (see sgd_step for the formula).
 template <std::floating_point T>
-struct sgd_coefficients {
-  T grad_scale;
-  T weight_decay;
-  T momentum;
-  T one_minus_dampening;
-  T neg_lr;
-};
+using sgd_coefficients = kernels::sgd_coefficients<T>;
 
-// The update of torch.optim.SGD (torch/optim/sgd.py, _single_tensor_sgd), element by element,
-// in its order of operations:
-//   g = grad * scale;  g = g + wd * p                  (when wd != 0)
-//   b = g                                              (step 1: the buffer is the first gradient)
-//   b = b * mu + (1 - d) * g                           (later steps)
-//   g = g + mu * b  (nesterov)   or   g = b            (when mu != 0)
-//   p = p + (-lr) * g
-//
-// Run W-byte vectors at a time in the copy of `isa` (core/cpu.hpp), the tail through the same
-// vector body; no product is fused into the sum it feeds (no_contract), so every element gets
-// these operations rounded one by one in either copy: the same bits on any machine.
+// Runs kernels::sgd_step over n elements, W-byte vectors at a time in the copy of `isa`
+// (core/cpu.hpp), the tail through the same vector body; no product is fused into the sum it
+// feeds, so every element gets these operations rounded one by one in either copy: the same
+// bits on any machine, and the device functor's (kernels::sgd_update).
 template <bool WeightDecay, bool Momentum, bool Nesterov, bool First, class T>
 void sgd_update(std::span<T> p, std::span<T const> grad, T* buf, sgd_coefficients<T> const& c,
                 cpu_isa isa = host_isa()) noexcept {
-  using strata::detail::no_contract;
-  // One body for all the lanes: the same operations per element, so the same bits.
-  auto update = [&c](auto& g, auto& pi, auto& b) {
-    g = g * c.grad_scale;
-    no_contract(g);
-    if constexpr (WeightDecay) {
-      auto decay = c.weight_decay * pi;
-      no_contract(decay);
-      g = g + decay;
-    }
-    if constexpr (Momentum) {
-      if constexpr (First) {
-        b = g;
-      } else {
-        auto kept = b * c.momentum;
-        auto added = c.one_minus_dampening * g;
-        no_contract(kept);
-        no_contract(added);
-        b = kept + added;
-      }
-      if constexpr (Nesterov) {
-        auto ahead = c.momentum * b;
-        no_contract(ahead);
-        g = g + ahead;
-      } else {
-        g = b;
-      }
-    }
-    auto delta = c.neg_lr * g;
-    no_contract(delta);
-    pi = pi + delta;
-  };
+  kernels::sgd_step<T, WeightDecay, Momentum, Nesterov, First> const update{c};
   std::size_t const n = p.size();
   T* const pd = p.data();
   T const* const gd = grad.data();
   strata::detail::run_isa(isa, [&]<std::size_t W>() {
+    using V = strata::detail::vec<T, W>;
     if constexpr (Momentum) {
-      strata::detail::vec_map<W, T>(n, update, gd, pd, buf);
+      strata::detail::vec_map<W, T>(
+          n, [&](V& g, V& pi, V& b) { update(pi, g, b); }, gd, pd, buf);
     } else {
       strata::detail::vec_map<W, T>(
           n,
-          [&](auto& g, auto& pi) {
-            auto unused = g;
-            update(g, pi, unused);
+          [&](V& g, V& pi) {
+            V unused = g;
+            update(pi, g, unused);
           },
           gd, pd);
     }
@@ -104,8 +65,29 @@ void sgd_update(std::span<T> p, std::span<T const> grad, T* buf, sgd_coefficient
 
 } // namespace detail
 
+/// The coefficients of one SGD step of these options and step context, rounded to T: what
+/// optim::sgd's update and the device's kernels::sgd_update read. With a clip factor read on
+/// the device, pass ctx.grad_scale without it (the device multiplies it in).
+template <std::floating_point T>
+kernels::sgd_coefficients<T> sgd_coefficients_for(sgd_options const& o, step_context const& ctx) {
+  return {static_cast<T>(ctx.grad_scale), static_cast<T>(o.weight_decay * ctx.weight_decay_mult),
+          static_cast<T>(o.momentum), static_cast<T>(1.0 - o.dampening), static_cast<T>(-ctx.lr)};
+}
+
+/// The terms of one SGD step (which of sgd_step's loops runs): weight decay when wd times the
+/// group's multiplier is not 0, a momentum buffer when momentum is not 0, Nesterov, and whether
+/// this is step 1 (the buffer becomes the gradient).
+inline kernels::sgd_mode sgd_mode_for(sgd_options const& o, step_context const& ctx) noexcept {
+  kernels::sgd_mode m;
+  m.weight_decay = o.weight_decay * ctx.weight_decay_mult != 0;
+  m.momentum = o.momentum != 0;
+  m.nesterov = m.momentum && o.nesterov;
+  m.first = m.momentum && ctx.step == 1;
+  return m;
+}
+
 /// Stochastic gradient descent over a flat buffer of n elements of T, with torch.optim.SGD's
-/// semantics (see detail::sgd_update for the formula): L2 weight decay added to the gradient,
+/// semantics (see kernels::sgd_step for the formula): L2 weight decay added to the gradient,
 /// a momentum buffer that starts as the first gradient, dampening, optional Nesterov momentum.
 /// It holds n elements of T for the momentum buffer when momentum != 0, none otherwise.
 ///
@@ -147,11 +129,8 @@ public:
   void step(std::span<T> params, std::span<T const> grads, step_context const& ctx,
             std::size_t offset) {
     detail::check_step("sgd", ctx, params.size(), grads.size(), offset, size_);
-    detail::sgd_coefficients<T> const c{
-        static_cast<T>(ctx.grad_scale),
-        static_cast<T>(options_.weight_decay * ctx.weight_decay_mult),
-        static_cast<T>(options_.momentum), static_cast<T>(1.0 - options_.dampening),
-        static_cast<T>(-ctx.lr)};
+    auto const c = sgd_coefficients_for<T>(options_, ctx);
+    kernels::sgd_mode const mode = sgd_mode_for(options_, ctx);
     T* const buf = momentum_buffer_.empty() ? nullptr : momentum_buffer_.data() + offset;
     // Each combination of settings is its own loop, with no branch inside.
     auto update = [&](auto weight_decay, auto momentum, auto nesterov, auto first) {
@@ -159,20 +138,20 @@ public:
                          decltype(nesterov)::value, decltype(first)::value>(params, grads, buf, c);
     };
     auto with_decay = [&](auto momentum, auto nesterov, auto first) {
-      if (options_.weight_decay * ctx.weight_decay_mult != 0)
+      if (mode.weight_decay)
         update(std::true_type{}, momentum, nesterov, first);
       else
         update(std::false_type{}, momentum, nesterov, first);
     };
     auto with_first = [&](auto nesterov) {
-      if (ctx.step == 1)
+      if (mode.first)
         with_decay(std::true_type{}, nesterov, std::true_type{});
       else
         with_decay(std::true_type{}, nesterov, std::false_type{});
     };
-    if (buf == nullptr)
+    if (!mode.momentum)
       with_decay(std::false_type{}, std::false_type{}, std::false_type{});
-    else if (options_.nesterov)
+    else if (mode.nesterov)
       with_first(std::true_type{});
     else
       with_first(std::false_type{});
