@@ -1,7 +1,8 @@
 # Warnings for strata's own tests, benchmarks and examples (never imposed on users).
 add_library(strata_warnings INTERFACE)
+# (C++ sources only: nvcc takes none of these; a target with .cu files may link this too.)
 target_compile_options(strata_warnings INTERFACE
-  $<$<CXX_COMPILER_ID:GNU,Clang>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>)
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU,Clang>>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>)
 
 # The instruction set of strata's own tests, benchmarks and examples (never imposed on users:
 # their kernels dispatch at run time, core/cpu.hpp, and the GEMM calls OpenBLAS).
@@ -14,14 +15,15 @@ if(STRATA_ARCH AND NOT STRATA_ARCH STREQUAL "none")
     message(FATAL_ERROR "strata: the compiler refuses -march=${STRATA_ARCH} (STRATA_ARCH); use native, "
                         "x86-64-v2, x86-64-v3, x86-64-v4 or none")
   endif()
-  target_compile_options(strata_warnings INTERFACE -march=${STRATA_ARCH})
+  target_compile_options(strata_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=${STRATA_ARCH}>)
 endif()
 # No contraction of a * b + c into one FMA in strata's own targets: with -march an instruction
 # set with FMA would otherwise let the compiler fuse where the source has two roundings, so a
 # test's scalar formula and the kernel it checks (or two copies of one kernel) would round
 # differently. (OpenBLAS, compiled apart, uses FMA; strata's own GEMM kernel then multiplies and
 # adds in two roundings here, and fuses in a user's build that allows it.)
-target_compile_options(strata_warnings INTERFACE $<$<CXX_COMPILER_ID:GNU,Clang>:-ffp-contract=off>)
+target_compile_options(strata_warnings INTERFACE
+  $<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU,Clang>>:-ffp-contract=off>)
 message(STATUS "strata: own targets built with -march=${STRATA_ARCH}")
 
 if(NOT CMAKE_BUILD_TYPE AND NOT CMAKE_CONFIGURATION_TYPES)

@@ -110,12 +110,13 @@ template <class V>
 /// into; without optimisation (-O0) nothing is inlined before that check, and the lanes go one
 /// by one (the same bits).
 // The builtins below return 32-byte vectors that are never passed between functions: they are
-// inlined into the AVX2 copy (-Wpsabi notes the ABI of a call that does not happen).
+// inlined into the AVX2 copy (-Wpsabi notes the ABI of a call that does not happen). nvcc's
+// host front end (a .cu that includes optim/kernels/) rejects them: the portable forms there.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 template <class V>
 [[gnu::always_inline]] inline void vsqrt(V& out, V const& x) noexcept {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__OPTIMIZE__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__OPTIMIZE__) && !defined(__CUDACC__)
   using T = std::remove_cvref_t<decltype(x[0])>;
   if constexpr (sizeof(V) == 32 && std::is_same_v<T, float>)
     out = __builtin_ia32_sqrtps256(x);
@@ -138,7 +139,7 @@ template <class V>
 /// b and c may be floats (broadcast).
 template <class V, class B, class C>
 [[gnu::always_inline]] inline void vfma(V& out, V const& a, B const& b, C const& c) noexcept {
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__OPTIMIZE__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__OPTIMIZE__) && !defined(__CUDACC__)
   if constexpr (std::is_same_v<V, vec<float, 32>>) {
     auto splat = [](auto const& x) -> V {
       if constexpr (std::is_same_v<std::remove_cvref_t<decltype(x)>, V>)
@@ -157,7 +158,7 @@ template <class V, class B, class C>
 /// reads the low 32 bits of each lane only.
 template <class U64>
 [[gnu::always_inline]] inline void mul_u32_lo(U64& p, U64 const& a, std::uint32_t m) noexcept {
-#if defined(__OPTIMIZE__) && (defined(__x86_64__) || defined(__i386__))
+#if defined(__OPTIMIZE__) && (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDACC__)
   using I = vec<int, sizeof(U64)>;
   I const mv = I{} + static_cast<int>(m);
   if constexpr (sizeof(U64) == 32)

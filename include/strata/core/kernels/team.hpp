@@ -62,27 +62,29 @@ STRATA_HD_INLINE T fold_tree(T* p, Op const& op) {
   return p[0];
 }
 
-/// The team of the host: `lanes` lanes run one after the other. for_each goes lane by lane
+/// The team of the host: `lanes` lanes run one after the other. Its members are STRATA_HD only
+/// so that a .cu file may run the emulated device too (a row kernel's host-device body calls
+/// them); it runs on the host alone. for_each goes lane by lane
 /// (lane l takes i = l, l + lanes, ...), as the GPU's lanes split the indices; a reduction
 /// computes every slot's partial and folds them in fold_tree's order, which is what the GPU's
 /// lanes compute whatever their number.
 class host_team {
 public:
-  explicit host_team(unsigned lanes = 1) noexcept : lanes_(lanes == 0 ? 1 : lanes) {}
+  STRATA_HD explicit host_team(unsigned lanes = 1) noexcept : lanes_(lanes == 0 ? 1 : lanes) {}
 
-  unsigned lanes() const noexcept { return lanes_; }
+  STRATA_HD unsigned lanes() const noexcept { return lanes_; }
 
   template <unsigned S, class T, class F>
-  T sum(F const& f) const {
+  STRATA_HD T sum(F const& f) const {
     return reduce<S, T>(f, plus_op{});
   }
   template <unsigned S, class T, class F>
-  T max(F const& f) const {
+  STRATA_HD T max(F const& f) const {
     return reduce<S, T>(f, max_op{});
   }
 
   template <class F>
-  void for_each(std::size_t n, F const& f) const {
+  STRATA_HD void for_each(std::size_t n, F const& f) const {
     for (unsigned l = 0; l < lanes_; ++l)
       for (std::size_t i = l; i < n; i += lanes_)
         f(i);
@@ -90,7 +92,7 @@ public:
 
 private:
   template <unsigned S, class T, class F, class Op>
-  T reduce(F const& f, Op const& op) const {
+  STRATA_HD T reduce(F const& f, Op const& op) const {
     static_assert(valid_slots<S>,
                   "strata: a team reduction takes a power-of-two slot count <= 1024");
     T p[S];
