@@ -106,13 +106,16 @@ void check_gelu(std::size_t n, std::uint64_t key) {
   // which fuse only in the AVX2 copy of an optimised build (core/vec_map.hpp's vfma). Unfused
   // (a -O0 build such as the sanitizer pass, or a baseline CPU) the host's own f32 derivative
   // moves by up to 2e-6 of the tensor (1 - t^2 near tanh's clamp magnifies its rounding), so
-  // there the backward is held to 5e-6; everywhere else to the tolerance.
-  bool const host_is_fused_f32_tanh = std::is_same_v<T, float> && F == nk::gelu_form::tanh &&
-                                      st::host_isa() == st::cpu_isa::avx2 && host_fuses;
-  bool const unfused_f32_tanh =
-      std::is_same_v<T, float> && F == nk::gelu_form::tanh && !host_is_fused_f32_tanh;
+  // there the backward is held to 5e-6; everywhere else to the tolerance. The erf
+  // form's host polynomials (erfc, exp) also fuse only there: unfused, a CI seed put its f32
+  // derivative 1.3e-6 from the kernel's erff/expf on a single element (n = 1), so the same
+  // 5e-6 applies to both forms in an unfused build.
+  bool const host_fused_f32 =
+      std::is_same_v<T, float> && st::host_isa() == st::cpu_isa::avx2 && host_fuses;
+  bool const host_is_fused_f32_tanh = host_fused_f32 && F == nk::gelu_form::tanh;
+  bool const unfused_f32 = std::is_same_v<T, float> && !host_fused_f32;
   CHECK(nnk::rel_error(yt, want_y) <= nnk::tolerance<T>());
-  CHECK(nnk::rel_error(dxt, want_dx) <= (unfused_f32_tanh ? 5e-6 : nnk::tolerance<T>()));
+  CHECK(nnk::rel_error(dxt, want_dx) <= (unfused_f32 ? 5e-6 : nnk::tolerance<T>()));
   CHECK(stt::same_bits(yt, ye));
   CHECK(stt::same_bits(dxt, dxe));
   // The same operations as the host give the same bits: f64 (libm's tanh, erf, exp) and the
