@@ -16,6 +16,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include <cstddef>
 #include <limits>
 #include <type_traits>
@@ -115,7 +117,29 @@ void check_gelu(std::size_t n, std::uint64_t key) {
   bool const host_is_fused_f32_tanh = host_fused_f32 && F == nk::gelu_form::tanh;
   bool const unfused_f32 = std::is_same_v<T, float> && !host_fused_f32;
   CHECK(nnk::rel_error(yt, want_y) <= nnk::tolerance<T>());
-  CHECK(nnk::rel_error(dxt, want_dx) <= (unfused_f32 ? 5e-6 : nnk::tolerance<T>()));
+  bool checked_unfused = false;
+  if constexpr (std::is_same_v<T, float>) {
+    if (unfused_f32) {
+      // Unfused, the host's f32 derivative itself carries rounding of the size of its terms
+      // (0.5 (1 + t) and the x (1 - t^2) part, each up to about 1), which cancel near gelu's
+      // minimum (x about -0.75): on a one-element tensor there the error relative to the
+      // derivative reached 5.3e-6 under the ASan build. So the difference is measured against
+      // the incoming gradient's norm (|dx| <= 1.13 |dy|), the scale of those terms.
+      double err = 0, scale = 0;
+      bool nan = false;
+      for (std::size_t i = 0; i < dxt.size(); ++i) {
+        double const g = static_cast<double>(dxt[i]);
+        nan = nan || std::isnan(g);
+        err += (g - static_cast<double>(want_dx[i])) * (g - static_cast<double>(want_dx[i]));
+        scale += static_cast<double>(dy[i]) * static_cast<double>(dy[i]);
+      }
+      CHECK(!nan);
+      CHECK(std::sqrt(err / scale) <= 5e-6);
+      checked_unfused = true;
+    }
+  }
+  if (!checked_unfused)
+    CHECK(nnk::rel_error(dxt, want_dx) <= nnk::tolerance<T>());
   CHECK(stt::same_bits(yt, ye));
   CHECK(stt::same_bits(dxt, dxe));
   // The same operations as the host give the same bits: f64 (libm's tanh, erf, exp) and the
