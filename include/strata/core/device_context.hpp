@@ -2,11 +2,13 @@
 // options they are built with, the counters they keep, and the concept they satisfy.
 #pragma once
 
+#include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace strata {
 
@@ -26,6 +28,20 @@ struct device_counters {
   std::uint64_t kernel_launches = 0;       ///< element-wise and row kernels launched
   std::uint64_t gemm_calls = 0;            ///< GEMMs run through a gemm plan
 };
+
+namespace detail {
+
+/// The refusal every device context gives for an allocation once its program is built (after
+/// seal()): a step allocates nothing.
+inline void refuse_allocation_after_build(bool sealed, memory_kind kind, std::size_t bytes) {
+  if (sealed)
+    throw config_error("strata: a device allocation of " + std::to_string(bytes) + " bytes (" +
+                       std::string(name_of(kind)) +
+                       ") after the program was built; a step allocates nothing: allocate it "
+                       "while the program is built");
+}
+
+} // namespace detail
 
 /// A per-rank device execution context: a device, a compute and a communication stream (both
 /// non-blocking, never the legacy default stream), a pool of ordering events, memory

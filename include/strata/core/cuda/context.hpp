@@ -138,11 +138,7 @@ public:
   template <class T>
   T* allocate(memory_kind kind, std::size_t n) {
     std::size_t const bytes = n * sizeof(T);
-    if (sealed_)
-      throw config_error("strata: a device allocation of " + std::to_string(bytes) + " bytes (" +
-                         std::string(name_of(kind)) +
-                         ") after the program was built; a step allocates nothing: allocate it "
-                         "while the program is built");
+    detail::refuse_allocation_after_build(sealed_, kind, bytes);
     std::size_t const real = bytes == 0 ? 1 : bytes;
     allocations_.reserve(allocations_.size() + 1); // the push below cannot throw then
     void* p = cuda::allocate(real);                // the build-time allocator (core/cuda/device)

@@ -130,34 +130,10 @@ __device__ __forceinline__ T* block_scratch() {
 
 namespace cuda_teams {
 
-/// One thread a row (lanes 1): the partials in a local array, folded by fold_tree itself.
-struct thread_team {
-  __host__ __device__ unsigned lanes() const noexcept { return 1; }
-
-  template <unsigned S, class T, class F>
-  __host__ __device__ T sum(F const& f) const {
-    return reduce<S, T>(f, kernels::plus_op{});
-  }
-  template <unsigned S, class T, class F>
-  __host__ __device__ T max(F const& f) const {
-    return reduce<S, T>(f, kernels::max_op{});
-  }
-  template <class F>
-  __host__ __device__ void for_each(std::size_t n, F const& f) const {
-    for (std::size_t i = 0; i < n; ++i)
-      f(i);
-  }
-
-private:
-  template <unsigned S, class T, class F, class Op>
-  __host__ __device__ T reduce(F const& f, Op const& op) const {
-    static_assert(kernels::valid_slots<S>,
-                  "strata: a team reduction takes a power-of-two slot count <= 1024");
-    T p[S];
-    for (unsigned s = 0; s < S; ++s)
-      p[s] = f(s);
-    return kernels::fold_tree<S>(p, op);
-  }
+/// One thread a row (lanes 1): the host team's loops with one lane (core/kernels/team.hpp),
+/// which fold the partials by fold_tree itself.
+struct thread_team : kernels::host_team {
+  __host__ __device__ thread_team() noexcept : kernels::host_team(1) {}
 };
 
 /// A warp a row (lanes 32): for_each strided over the lanes then __syncwarp; reductions fold

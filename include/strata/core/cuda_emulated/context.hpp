@@ -103,14 +103,12 @@ public:
   template <class T>
   T* allocate(memory_kind kind, std::size_t n) {
     std::size_t const bytes = n * sizeof(T);
-    if (sealed_)
-      throw config_error("strata: a device allocation of " + std::to_string(bytes) + " bytes (" +
-                         std::string(name_of(kind)) +
-                         ") after the program was built; a step allocates nothing: allocate it "
-                         "while the program is built");
-    void* p = cuda_emulated::allocate(bytes == 0 ? 1 : bytes);
-    allocations_.push_back({p, bytes == 0 ? 1 : bytes, kind});
-    ledger_->record_allocate(kind, bytes == 0 ? 1 : bytes);
+    detail::refuse_allocation_after_build(sealed_, kind, bytes);
+    std::size_t const real = bytes == 0 ? 1 : bytes;
+    allocations_.reserve(allocations_.size() + 1); // the push below cannot throw then
+    void* p = cuda_emulated::allocate(real);
+    allocations_.push_back({p, real, kind});
+    ledger_->record_allocate(kind, real);
     ++counters_.device_allocations;
     return static_cast<T*>(p);
   }
