@@ -43,6 +43,18 @@ inline void refuse_allocation_after_build(bool sealed, memory_kind kind, std::si
 
 } // namespace detail
 
+/// The execution context of a device policy: context_for<cuda_emulated>::type is
+/// emulated_context, context_for<cuda>::type is cuda_context (each specialised beside its
+/// context). host has none: the host trainer runs on the calling thread.
+template <class Device>
+struct context_for {};
+template <class Device>
+using context_for_t = typename context_for<Device>::type;
+/// Whether Device is a device with an execution context (cuda, cuda_emulated), on which the
+/// trainer runs the device engine (train/device_trainer.hpp).
+template <class Device>
+concept context_device = requires { typename context_for<Device>::type; };
+
 /// A per-rank device execution context: a device, a compute and a communication stream (both
 /// non-blocking, never the legacy default stream), a pool of ordering events, memory
 /// allocated while the program is built and refused after seal(), and one counted function

@@ -1,6 +1,7 @@
 // node: a layer behind a virtual interface, so one engine runs any model; model_builder.
 #pragma once
 
+#include <strata/core/device.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/tensor.hpp>
 #include <strata/nn/context.hpp>
@@ -283,8 +284,11 @@ private:
 /// The engine calls build() with parameter storage deferred (nn::deferred_parameters):
 /// constructing a layer allocates no parameters, so a rank builds the whole model's
 /// description and keeps only the layers it owns (pipeline stages).
+template <class T, class Device = host>
+class model_builder;
+
 template <class T>
-class model_builder {
+class model_builder<T, host> {
 public:
   using value_type = T;
 

@@ -1,7 +1,9 @@
 // optimizer_slot: any optim::optimizer behind a virtual interface, made once the size is known.
 #pragma once
 
+#include <strata/optim/adamw.hpp>
 #include <strata/optim/optimizer.hpp>
+#include <strata/optim/sgd.hpp>
 #include <strata/optim/state.hpp>
 
 #include <cstddef>
@@ -9,15 +11,27 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <type_traits>
 #include <utility>
 
 namespace strata::engine {
+
+/// What a device trainer runs of an optimizer: its kind and settings (the device has kernels
+/// for AdamW and SGD; kind none: another optimizer, which a device trainer refuses).
+struct device_optimizer {
+  enum class kind : std::uint8_t { none, adamw, sgd };
+  kind what = kind::none;
+  optim::adamw_options adamw{};
+  optim::sgd_options sgd{};
+};
 
 /// The optimizer of the elements a rank updates (all of its flat buffer, or its ZeRO shard).
 template <class M>
 class optimizer_slot {
 public:
   virtual ~optimizer_slot() = default;
+  /// The optimizer as a device runs it (optim::adamw and optim::sgd; none for others).
+  virtual device_optimizer device_spec() const { return {}; }
   virtual void step(std::span<M> params, std::span<M const> grads, optim::step_context const&,
                     std::size_t offset) = 0;
   virtual std::size_t size() const = 0;
@@ -33,6 +47,17 @@ class optimizer_box final : public optimizer_slot<typename O::value_type> {
 public:
   using M = typename O::value_type;
   optimizer_box(std::size_t n, typename O::options_type const& o) : o_(n, o) {}
+  device_optimizer device_spec() const override {
+    device_optimizer d;
+    if constexpr (std::is_same_v<O, optim::adamw<M>>) {
+      d.what = device_optimizer::kind::adamw;
+      d.adamw = o_.options();
+    } else if constexpr (std::is_same_v<O, optim::sgd<M>>) {
+      d.what = device_optimizer::kind::sgd;
+      d.sgd = o_.options();
+    }
+    return d;
+  }
   void step(std::span<M> p, std::span<M const> g, optim::step_context const& c,
             std::size_t offset) override {
     o_.step(p, g, c, offset);

@@ -69,7 +69,10 @@ struct gpt_model {
     return {config};
   }
 
-  void build(engine::model_builder<T>& b) const {
+  /// Any builder: the host's engine::model_builder<T>, or a device's (the same model runs on
+  /// a device, each layer lowered to its twin).
+  template <class Builder>
+  void build(Builder& b) const {
     using C = compute_t<T>;
     gpt_config const& c = config;
     nn::tp_group const* tp = b.tp();

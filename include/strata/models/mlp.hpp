@@ -28,7 +28,10 @@ struct mlp_model {
     return {features, width, depth, classes};
   }
 
-  void build(engine::model_builder<T>& b) const {
+  /// Any builder: the host's engine::model_builder<T>, or a device's (the same model runs on
+  /// a device, each layer lowered to its twin).
+  template <class Builder>
+  void build(Builder& b) const {
     for (std::size_t i = 0; i < depth; ++i) {
       std::size_t const in = i == 0 ? features : width;
       std::size_t const out = i + 1 == depth ? classes : width;

@@ -284,6 +284,9 @@ public:
   /// tp under sequence parallel, else 1.
   int input_row_split() const noexcept { return split_; }
   int output_row_split() const noexcept { return split_; }
+  double eps() const noexcept { return eps_; }
+  parameter<T>& weight() noexcept { return weight_; }
+  parameter<T>& bias() noexcept { return bias_; }
   template <class F>
   void for_each_parameter(F&& f) {
     f(weight_);

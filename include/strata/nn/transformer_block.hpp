@@ -178,6 +178,10 @@ public:
   int input_row_split() const noexcept { return split_; }
   int output_row_split() const noexcept { return split_; }
   causal_self_attention<T, C>& attn() noexcept { return attn_; }
+  layer_norm<T, C>& ln1() noexcept { return ln1_; }
+  layer_norm<T, C>& ln2() noexcept { return ln2_; }
+  dropout<T, C>& drop1() noexcept { return drop1_; } // on the attention branch
+  dropout<T, C>& drop2() noexcept { return drop2_; } // on the MLP branch
   mlp<T, C>& ff() noexcept { return mlp_; }
   typename mlp<T, C>::fc_type& fc() noexcept { return mlp_.fc(); }
   typename mlp<T, C>::proj_type& proj() noexcept { return mlp_.proj(); }

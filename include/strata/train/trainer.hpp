@@ -30,6 +30,8 @@
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute_pass.hpp>
 #include <strata/train/predict.hpp>
+#include <strata/train/options.hpp>
+#include <strata/train/trainer_fwd.hpp>
 
 #include <algorithm>
 #include <any>
@@ -54,65 +56,13 @@ using engine::param_groups;
 using engine::parameter_info;
 namespace match = engine::match;
 
-/// The settings of a trainer that are values, not types.
-struct trainer_options {
-  /// Learning rate of step k (from 1): a schedule such as optim::warmup_cosine_schedule, or
-  /// any callable. Required.
-  std::function<double(std::int64_t)> lr;
-  double clip = 0;        ///< max global gradient norm (torch's clip_grad_norm_); 0: none
-  bool grad_norm = false; ///< compute the global gradient norm even without clipping
-  std::uint64_t seed = 0; ///< parameter initialisation and dropout
-  /// Token-weighted batches over data-parallel ranks: every step's loss is the mean over the
-  /// counted tokens of the global batch (a loss_mask's weights, rows whose target is not
-  /// nn::ignore_index), agreed through one all-reduce of the count a step on every rank, so a
-  /// rank may give a mask while another gives none. Required, on every rank, for a mask or
-  /// ignore-index targets when dp > 1 (refused otherwise, before any collective); one rank,
-  /// tp and pp alone count locally without it.
-  bool token_weighted = false;
-  std::size_t micro_batches = 0; ///< 0: the plan's (1 unless it names micro_batches<M>)
-  std::string label{};           ///< the memory ledger's name; empty: "rank <world rank>"
-  /// Dynamic loss scaling under precision::fp16 (ignored otherwise).
-  optim::loss_scaler_options loss_scaler{};
-  /// fp16: step() throws after this many steps in a row skipped for overflow (the gradients
-  /// are inf/NaN at any scale: the model diverged); 0: never.
-  std::int64_t max_overflows_in_a_row = 50;
-  /// Weight-decay and learning-rate multipliers per parameter (engine::param_groups): by
-  /// default no decay on biases and normalisation parameters (Megatron's and nanoGPT's);
-  /// param_groups::uniform() decays every element.
-  param_groups groups = param_groups::standard();
-  /// Compute threads of this rank: its GEMMs and large loops are split into pieces run on
-  /// that many threads (core/thread_pool.hpp), with results bitwise independent of the count.
-  /// 0: STRATA_NUM_THREADS when set, else the hardware threads divided by the ranks on this
-  /// host (the communicator's ranks in this process, or LOCAL_WORLD_SIZE /
-  /// OMPI_COMM_WORLD_LOCAL_SIZE under a launcher), at least 1.
-  std::size_t threads = 0;
-};
-
-/// What one step did: the loss (mean over the step's micro-batches, and over data-parallel
-/// ranks; for a token-weighted batch, the mean over the global batch's counted tokens), the
-/// gradient norm (-1 when not computed), the learning rate, whether it was
-/// skipped, and where its time went.
-struct step_result {
-  std::int64_t step = 0;
-  double loss = 0;
-  double grad_norm = -1;
-  double lr = 0;
-  bool skipped = false;     ///< a gradient overflowed (fp16): nothing was updated
-  double loss_scale = 1;    ///< the loss scale this step's backward ran with (fp16)
-  double seconds = 0;       ///< the whole step
-  double forward = 0;       ///< forward and loss operations
-  double backward = 0;      ///< backward operations
-  double optimizer = 0;     ///< clipping and the optimizer
-  double communication = 0; ///< communication operations, waits included
-};
-
 /// Trains a model (engine::model) under a plan on this rank. Construction folds over the
 /// plan's options (option_traits<O>: their checks, then their passes in fold order), builds
 /// the model's layers (parameter storage deferred), lays its parameters out in flat buffers,
 /// initialises them from the seed (a function of each parameter's name and element index),
 /// makes the optimizer and builds the step program; step() runs the program. Device is where
 /// the engine's flat buffers live (host by default).
-template <engine::model Model, class Plan = plan<>, class Device = host>
+template <engine::model Model, class Plan, class Device>
 class trainer {
   static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
   static_assert(check_plan<Model, Plan>());

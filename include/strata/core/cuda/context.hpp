@@ -248,4 +248,9 @@ private:
 
 static_assert(device_context<cuda_context>);
 
+template <>
+struct context_for<cuda> {
+  using type = cuda_context;
+};
+
 } // namespace strata

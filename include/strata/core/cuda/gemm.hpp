@@ -7,6 +7,7 @@
     "strata/core/cuda needs the CUDA toolkit with cuBLASLt: configure with STRATA_ENABLE_CUDA=ON on a machine that has it, and link CUDA::cublasLt"
 #endif
 
+#include <strata/core/cuda/context.hpp>
 #include <strata/core/cuda/cublas_error.hpp>
 #include <strata/core/dtype.hpp>
 #include <strata/core/error.hpp>
@@ -338,5 +339,27 @@ private:
   double alpha64_ = 1.0, beta64_ = 0.0;
   std::uint32_t align_a_ = 256, align_b_ = 256, align_c_ = 256, align_bias_ = 256, align_aux_ = 256;
 };
+
+/// A cuBLASLt plan on a CUDA context: what the device twins run (make_gemm), as emulated_gemm
+/// on the emulated device. Counts one gemm call on the context per run.
+class cuda_gemm {
+public:
+  cuda_gemm(cuda_context& ctx, kernels::gemm_plan const& plan, kernels::gemm_operands const& o)
+      : ctx_(&ctx), g_(ctx.cublaslt(), plan, o, ctx.gemm_workspace(), ctx.gemm_workspace_bytes()) {}
+  void run(cudaStream_t s, kernels::gemm_operands const& o) {
+    g_.run(s, o);
+    ctx_->count_gemm();
+  }
+  kernels::gemm_plan const& plan() const noexcept { return g_.plan(); }
+
+private:
+  cuda_context* ctx_;
+  cublaslt_gemm g_;
+};
+
+inline cuda_gemm make_gemm(cuda_context& ctx, kernels::gemm_plan const& plan,
+                           kernels::gemm_operands const& o) {
+  return cuda_gemm(ctx, plan, o);
+}
 
 } // namespace strata

@@ -149,4 +149,9 @@ private:
 
 static_assert(device_context<emulated_context>);
 
+template <>
+struct context_for<cuda_emulated> {
+  using type = emulated_context;
+};
+
 } // namespace strata

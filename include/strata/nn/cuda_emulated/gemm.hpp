@@ -178,4 +178,11 @@ private:
   std::size_t rows_per_block_ = 0;
 };
 
+/// The emulated device's GEMM for a plan (what the device twins run; core/cuda/gemm.hpp's
+/// make_gemm is the GPU's).
+inline emulated_gemm make_gemm(emulated_context& ctx, kernels::gemm_plan const& plan,
+                               kernels::gemm_operands const& o) {
+  return emulated_gemm(ctx, plan, o);
+}
+
 } // namespace strata

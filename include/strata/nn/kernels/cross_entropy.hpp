@@ -63,6 +63,7 @@ struct cross_entropy_forward_backward {
   C* loss;                     // rows: w (lse - z_t), 0 on an ignored row
   std::size_t vocab;
   C dloss;
+  C const* dloss_scale = nullptr; // device scalar multiplying dloss (fp16's loss scale), or null
 
   template <class Team>
   STRATA_HD void operator()(Team& team, std::size_t row) const {
@@ -95,7 +96,7 @@ struct cross_entropy_forward_backward {
     team.for_each(1, [=](std::size_t) { *lr = l; });
     if (dlogits == nullptr)
       return;
-    C const scale = dloss / *norm;
+    C const scale = (dloss_scale != nullptr ? dloss * *dloss_scale : dloss) / *norm;
     C const f = bad ? nan : (mask == nullptr ? scale : scale * static_cast<C>(mask[row]));
     T* const d = dlogits + row * vocab;
     if (ignored) {

@@ -1,0 +1,892 @@
+// The trainer on a device (cuda, cuda_emulated): the model the user wrote for the host, each of
+// its layers lowered to its device twin (nn/device/), run as the same step program (engine::
+// program) by a device engine whose every buffer is allocated while the program is built, whose
+// scalars (the loss, the gradient norm, the clip factor, the skip flag, fp16's loss scale) live
+// in device memory, and which waits on the device once a step: the read of the step's scalars.
+//
+// The plan's precision (fp32, bf16, fp16 with dynamic loss scaling decided on the device),
+// recompute (none, full, every<K>) and micro_batches<M> run on a device; the other options are
+// refused at compile time (docs/gpu/trainer.md).
+#pragma once
+
+#include <strata/core/device_context.hpp>
+#include <strata/core/element.hpp>
+#include <strata/core/error.hpp>
+#include <strata/core/memory.hpp>
+#include <strata/data/batch.hpp>
+#include <strata/engine/batch.hpp>
+#include <strata/engine/flat_layout.hpp>
+#include <strata/engine/node.hpp>
+#include <strata/engine/optimizer.hpp>
+#include <strata/engine/param_groups.hpp>
+#include <strata/engine/program.hpp>
+#include <strata/nn/cross_entropy.hpp>
+#include <strata/nn/device/layers.hpp>
+#include <strata/nn/device/node.hpp>
+#include <strata/nn/parameter.hpp>
+#include <strata/optim/kernels/adamw.hpp>
+#include <strata/optim/kernels/grad_norm.hpp>
+#include <strata/optim/kernels/sgd.hpp>
+#include <strata/optim/kernels/step_scalars.hpp>
+#include <strata/optim/loss_scaler.hpp>
+#include <strata/parallel/plan.hpp>
+#include <strata/policy/precision_pass.hpp>
+#include <strata/policy/recompute.hpp>
+#include <strata/train/options.hpp>
+#include <strata/train/trainer_fwd.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace strata {
+
+/// How a device trainer is built: the batch it runs (a device allocates every buffer while the
+/// program is built, so the shape is fixed) and its context.
+struct device_options {
+  std::size_t sequences = 0; ///< sequences a step (the whole batch; split into micro-batches)
+  std::size_t seq = 0;       ///< tokens a sequence
+  bool loss_mask = false;    ///< batches carry a loss mask (a device buffer for it)
+  device_context_options context{};
+};
+
+namespace engine {
+
+/// The model builder of a device: what a model's build() hands its layers to when the trainer
+/// runs on Device. Each layer is lowered to its device twin (nn::device::twin_of<L>); a layer
+/// without one is refused at compile time. A model builds on a device when its build() takes
+/// any builder: template <class Builder> void build(Builder& b) const (models::gpt_model,
+/// models::mlp_model).
+template <class T, class Device>
+requires context_device<Device>
+class model_builder<T, Device> {
+public:
+  using value_type = T;
+  using device_type = Device;
+  using context_type = context_for_t<Device>;
+  using node_type = nn::device::node<T, context_type>;
+
+  struct layer_info {
+    std::string name;
+    node_kind kind;
+    std::size_t in, out, parameters;
+  };
+
+  template <class L>
+  void input(L&& l) {
+    using U = std::remove_cvref_t<L>;
+    check<U>();
+    if (!info_.empty())
+      throw config_error("strata: model_builder::input(\"" + std::string(l.name()) + "\") after " +
+                         std::to_string(info_.size()) + " layers: the input layer comes first");
+    push(lower<U>(std::move(l)));
+  }
+  template <class L>
+  void add(L&& l) {
+    using U = std::remove_cvref_t<L>;
+    check<U>();
+    open(l.name());
+    push(lower<U>(std::move(l)));
+  }
+  template <class L>
+  void loss(L&& l) {
+    using U = std::remove_cvref_t<L>;
+    check<U>();
+    open(l.name());
+    loss_ = lower<U>(std::move(l));
+  }
+  /// Tied parameters do not run on a device yet.
+  void tie(std::string const& primary, std::string const& copy) {
+    throw config_error("strata: model_builder::tie(\"" + primary + "\", \"" + copy +
+                       "\") on a device: tied parameters do not run on a device yet; build the "
+                       "model untied (gpt_config::tie_embeddings = false)");
+  }
+  /// A device run has no tensor-parallel group (tp = 1).
+  nn::tp_group const* tp() const noexcept { return nullptr; }
+
+  std::vector<layer_info> const& info() const noexcept { return info_; }
+  std::vector<std::unique_ptr<node_type>>& nodes() noexcept { return nodes_; }
+  std::unique_ptr<node_type>& loss_node() noexcept { return loss_; }
+
+private:
+  template <class U>
+  static constexpr void check() {
+    static_assert(std::same_as<typename U::value_type, T>,
+                  "strata: a layer's value_type differs from the model's");
+    static_assert(nn::device::has_twin<U>,
+                  "strata: this layer has no device twin, so it cannot run on a device: "
+                  "specialise strata::nn::device::twin_of<Layer> with the twin's type "
+                  "(docs/gpu/trainer.md shows how), or run the model on the host");
+  }
+  template <class U>
+  static std::unique_ptr<node_type> lower(U&& l) {
+    using twin = typename nn::device::twin_of<U>::template type<context_type>;
+    static_assert(std::derived_from<twin, node_type>,
+                  "strata: a device twin derives from nn::device::node<T, Ctx>");
+    return std::make_unique<twin>(std::move(l));
+  }
+  void open(std::string_view name) const {
+    if (loss_)
+      throw config_error("strata: model_builder: layer \"" + std::string(name) +
+                         "\" after the loss \"" + std::string(loss_->name()) +
+                         "\": the loss comes last");
+  }
+  void push(std::unique_ptr<node_type> n) {
+    info_.push_back({std::string(n->name()), n->kind(), n->in_features(), n->out_features(),
+                     n->parameter_count()});
+    nodes_.push_back(std::move(n));
+  }
+
+  std::vector<layer_info> info_;
+  std::vector<std::unique_ptr<node_type>> nodes_;
+  std::unique_ptr<node_type> loss_;
+};
+
+} // namespace engine
+
+namespace detail {
+
+/// Whether a plan's options all run on a device: precision (fp32, bf16, fp16), recompute (none,
+/// full, every<K>) and micro_batches<M>.
+template <class Plan>
+constexpr bool runs_on_device() {
+  constexpr plan_descriptor d = Plan::descriptor();
+  bool ok = !d.data_parallel.enabled && !d.sharded.enabled && !d.tensor_parallel.enabled &&
+            !d.pipeline.enabled && !d.recompute.selective && !d.recompute.offload &&
+            !d.precision.accumulate_f32 && !d.precision.reduce_f32;
+  Plan::for_each_option([&]<class O>() {
+    if constexpr (plan_option<O>)
+      ok = ok && (detail::is_precision<O>::value || detail::is_recompute<O>::value);
+  });
+  return ok;
+}
+
+} // namespace detail
+
+/// The trainer on a device: trainer<Model, Plan, cuda_emulated> (every CI run) and
+/// trainer<Model, Plan, cuda> (an nvcc translation unit). Built with the batch shape it runs
+/// (device_options); one rank, no communicator.
+template <engine::model Model, class Plan, class Device>
+requires context_device<Device>
+class trainer<Model, Plan, Device> {
+  static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
+  static_assert(detail::runs_on_device<Plan>(),
+                "strata: this plan names an option that does not run on a device yet: a device "
+                "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K> and "
+                "micro_batches<M>, while data_parallel, sharded, tensor_parallel, "
+                "pipeline_parallel, recompute::selective and offload, precision::reduce and "
+                "accumulate and your own options run on the host trainer");
+  using precision_option = plan_precision_t<Plan>;
+  static_assert(option_traits<precision_option>::template can_implement<Model>());
+  using model_element = typename Model::value_type;
+
+public:
+  using value_type = typename option_traits<precision_option>::template element<model_element>;
+  using T = value_type;
+  using master_type = compute_t<T>;
+  using M = master_type;
+  using device_type = Device;
+  using context_type = context_for_t<Device>;
+  using node_type = nn::device::node<T, context_type>;
+  using builder_type = engine::model_builder<T, Device>;
+  static constexpr bool sixteen_bit = !std::is_same_v<T, M>;
+  static constexpr bool scaled = Plan::descriptor().precision.kind == 2;
+
+private:
+  static constexpr bool builds_on_device() {
+    if constexpr (std::is_same_v<model_element, T>)
+      return requires(Model const& m, builder_type& b) {
+        m.build(b);
+      };
+    else
+      return requires(Model const& m, builder_type& b) {
+        m.template rebind<T>().build(b);
+      };
+  }
+  static_assert(builds_on_device(),
+                "strata: the model's build() takes the host's engine::model_builder<T>& only: "
+                "write it as template <class Builder> void build(Builder& b) const (as "
+                "models::gpt_model does) and the same model builds on a device");
+
+public:
+  trainer(Model const& model, engine::optimizer_factory<M> optimizer, trainer_options options,
+          device_options device)
+      : options_(std::move(options)), device_(device),
+        ledger_(std::make_unique<memory_ledger>(options_.label.empty()
+                                                    ? std::string(Device::name) + ":" +
+                                                          std::to_string(device.context.device)
+                                                    : options_.label)) {
+    ledger_scope scope(*ledger_);
+    if (!options_.lr)
+      throw config_error("strata: trainer_options::lr is not set: give a learning-rate "
+                         "schedule (optim::constant_schedule(3e-4) or a callable of the step)");
+    if (!optimizer)
+      throw config_error("strata: trainer without an optimizer: pass engine::use<...>(options)");
+    micro_batches_ =
+        options_.micro_batches ? options_.micro_batches : Plan::descriptor().micro_batches;
+    if (device.sequences == 0 || device.seq == 0)
+      throw config_error("strata: device_options: sequences = " + std::to_string(device.sequences) +
+                         ", seq = " + std::to_string(device.seq) +
+                         ": a device trainer allocates for the batch it runs; give both");
+    if (device.sequences % micro_batches_ != 0)
+      throw config_error("strata: a batch of " + std::to_string(device.sequences) +
+                         " sequences does not split into " + std::to_string(micro_batches_) +
+                         " micro-batches: make device_options::sequences a multiple of the "
+                         "micro-batch count");
+    spec_ = optimizer(1)->device_spec();
+    if (spec_.what == engine::device_optimizer::kind::none)
+      throw config_error("strata: the device trainer runs optim::adamw and optim::sgd (its "
+                         "kernels); this optimizer has none: use one of them, or the host trainer");
+    build_model(model);
+    make_context();
+    lay_out();
+    make_buffers();
+    ctx_->seal();
+  }
+
+  trainer(trainer const&) = delete;
+  trainer& operator=(trainer const&) = delete;
+
+  /// One optimizer step on the batch (of the shape device_options gave): the inputs copied to
+  /// the device through pinned staging, the step program issued, the step's scalars copied
+  /// back and waited for (the step's one host synchronisation).
+  step_result step(engine::batch_view<T> const& batch) {
+    ledger_scope scope(*ledger_);
+    auto const t0 = std::chrono::steady_clock::now();
+    stage(batch, true);
+    ++step_;
+    run(program_, true);
+    auto const& s = finish("the step's scalars", true);
+    step_result r;
+    r.step = step_;
+    r.loss = s.loss;
+    r.grad_norm = s.grad_norm;
+    r.skipped = s.skip != 0;
+    r.loss_scale = s.loss_scale;
+    if (s.nonfinite != 0)
+      throw error("strata: the gradient norm is not finite at step " + std::to_string(step_) +
+                  " (loss " + std::to_string(s.loss) +
+                  "): the model diverged or the data holds inf/NaN; lower the learning rate, "
+                  "clip harder, or use a loss-scaling precision policy");
+    if (!r.skipped)
+      ++applied_;
+    r.lr = options_.lr(applied_ + (r.skipped ? 1 : 0));
+    if constexpr (scaled) {
+      std::int64_t const k = s.consecutive_overflows;
+      if (options_.max_overflows_in_a_row > 0 && k >= options_.max_overflows_in_a_row)
+        throw error("strata: fp16: " + std::to_string(k) +
+                    " steps in a row had inf/NaN gradients and were skipped (step " +
+                    std::to_string(step_) + ", loss scale now " + std::to_string(s.scale) +
+                    "): the model diverged or the data holds inf/NaN; lower the learning rate, "
+                    "clip the gradients, or use precision::bf16 (f32's range); "
+                    "trainer_options::max_overflows_in_a_row sets this limit");
+    }
+    if (!std::isfinite(r.loss))
+      throw error("strata: the loss is " + std::to_string(r.loss) + " at step " +
+                  std::to_string(r.step) +
+                  ": the model diverged or the data holds inf/NaN; lower the learning rate or "
+                  "clip the gradients (trainer_options::clip)");
+    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return r;
+  }
+  step_result step(data::token_batch const& b) { return step(view_of(b)); }
+  template <class U>
+  requires(std::is_same_v<U, model_element> && !std::is_same_v<U, T>) step_result
+      step(engine::batch_view<U> const& batch) {
+    return step(narrowed(batch));
+  }
+
+  /// The mean loss over a batch of the same shape, forward only (dropout off). Changes nothing
+  /// that training reads; one host synchronisation.
+  double evaluate(engine::batch_view<T> const& batch) {
+    ledger_scope scope(*ledger_);
+    stage(batch, false);
+    run(eval_, false);
+    return finish("an evaluation's loss", false).loss;
+  }
+  double evaluate(data::token_batch const& b) { return evaluate(view_of(b)); }
+
+  /// The parameters' values and gradients copied to the host (one host synchronisation; not
+  /// for the hot path): values_of / grads_of read them by name afterwards.
+  void read_back() {
+    ctx_->copy_async(ctx_->compute_stream(), host_values_.data(), values_,
+                     flat_.flat_size * sizeof(T));
+    ctx_->copy_async(ctx_->compute_stream(), host_grads_.data(), grads_,
+                     flat_.flat_size * sizeof(T));
+    ctx_->synchronize(ctx_->compute_stream(), "a read of the parameters");
+  }
+  std::span<T const> values_of(std::string const& name) const {
+    auto const& e = entry(name);
+    return {host_values_.data() + e.offset, e.p->size()};
+  }
+  std::span<T const> grads_of(std::string const& name) const {
+    auto const& e = entry(name);
+    return {host_grads_.data() + e.offset, e.p->size()};
+  }
+  /// The parameters' names, in registration order.
+  std::vector<std::string> parameter_names() const {
+    std::vector<std::string> v;
+    for (std::size_t i = flat_.params.size(); i-- > 0;)
+      v.push_back(flat_.params[i].p->name());
+    return v;
+  }
+
+  /// Test hook: runs at the clip operation, before the gradient norm (a test plants an inf
+  /// through write_gradient).
+  void set_gradient_hook(std::function<void(trainer&)> f) { hook_ = std::move(f); }
+  /// Writes one gradient element on the device (asynchronously, on the compute stream).
+  void write_gradient(std::string const& name, std::size_t index, T value) {
+    auto const& e = entry(name);
+    planted_ = value;
+    ctx_->copy_async(ctx_->compute_stream(), grads_ + e.offset + index, &planted_, sizeof(T));
+  }
+
+  context_type& context() noexcept { return *ctx_; }
+  memory_ledger& ledger() noexcept { return *ledger_; }
+  engine::program const& program() const noexcept { return program_; }
+  std::string describe() const { return program_.table(); }
+  std::int64_t steps() const noexcept { return step_; }
+  std::size_t micro_batches() const noexcept { return micro_batches_; }
+  std::size_t parameter_count() const noexcept { return flat_.parameter_elements(); }
+  /// The layers on the device, in order.
+  std::vector<typename builder_type::layer_info> const& layers() const noexcept { return info_; }
+  /// Host synchronisations inside the last step's operations (forward, loss, backward, clip,
+  /// optimizer): 0, the step's one wait being its scalars' read after them.
+  std::uint64_t synchronizations_in_operations() const noexcept { return syncs_in_ops_; }
+
+private:
+  // ---- building --------------------------------------------------------------------------
+
+  template <class F>
+  static void with_model(Model const& model, F&& f) {
+    if constexpr (std::is_same_v<model_element, T>)
+      f(model);
+    else
+      f(model.template rebind<T>());
+  }
+
+  void build_model(Model const& model) {
+    builder_type b;
+    {
+      nn::deferred_parameters deferred;
+      with_model(model, [&](auto const& m) { m.build(b); });
+    }
+    info_ = b.info();
+    nodes_ = std::move(b.nodes());
+    loss_ = std::move(b.loss_node());
+    if (nodes_.empty())
+      throw config_error("strata: the model has no layers: its build() must add some");
+    if (!loss_)
+      throw config_error("strata: the model has no loss: its build() must end with b.loss(...)");
+    for (std::size_t i = 1; i < info_.size(); ++i)
+      if (info_[i].in != info_[i - 1].out)
+        throw config_error("strata: layer " + std::to_string(i) + " \"" + info_[i].name +
+                           "\" takes " + std::to_string(info_[i].in) + " features but layer " +
+                           std::to_string(i - 1) + " \"" + info_[i - 1].name + "\" gives " +
+                           std::to_string(info_[i - 1].out));
+    if (loss_->in_features() != info_.back().out)
+      throw config_error("strata: the loss \"" + std::string(loss_->name()) + "\" takes " +
+                         std::to_string(loss_->in_features()) + " classes but the last layer \"" +
+                         info_.back().name + "\" gives " + std::to_string(info_.back().out));
+    for (std::size_t i = 1; i < info_.size(); ++i)
+      if (info_[i].kind == engine::node_kind::input)
+        throw config_error("strata: layer \"" + info_[i].name +
+                           "\" reads token ids but is not "
+                           "the first layer");
+    // The program: the sequential schedule of the micro-batches, recompute as the plan says.
+    std::size_t const n = info_.size(), every = Plan::descriptor().recompute.every;
+    recompute_.assign(n, false);
+    if (every > 0) {
+      std::size_t h = 0;
+      for (std::size_t l = 0; l < n; ++l)
+        if (info_[l].kind == engine::node_kind::hidden)
+          recompute_[l] = h++ % every == 0;
+    }
+    std::vector<engine::chunk_layers> chunks{{0, static_cast<std::uint32_t>(n - 1), true}};
+    auto const sched = engine::sequential_schedule(micro_batches_);
+    program_ = engine::program::from_schedule(sched, chunks, micro_batches_, true, recompute_);
+    eval_ = engine::program::from_schedule(sched, chunks, micro_batches_, false);
+    mb_seqs_ = device_.sequences / micro_batches_;
+    rows_ = mb_seqs_ * device_.seq;
+  }
+
+  std::size_t rows_total() const noexcept { return device_.sequences * device_.seq; }
+  bool features_input() const noexcept { return info_[0].kind == engine::node_kind::hidden; }
+
+  void make_context() {
+    device_context_options o = device_.context;
+    std::size_t const rows = rows_total();
+    staging_.tokens = 0;
+    std::size_t at = 0;
+    auto put = [&](std::size_t bytes) {
+      std::size_t const here = at;
+      at += (bytes + 255) / 256 * 256;
+      return here;
+    };
+    staging_.tokens = put(features_input() ? 0 : rows * sizeof(std::int32_t));
+    staging_.targets = put(rows * sizeof(std::int32_t));
+    staging_.mask = put(device_.loss_mask ? rows * sizeof(float) : 0);
+    staging_.features = put(features_input() ? rows * info_[0].in * sizeof(T) : 0);
+    staging_.scalars = put(sizeof(optim::kernels::step_scalars));
+    o.pinned_bytes = std::max(o.pinned_bytes, at);
+    ctx_ = std::make_unique<context_type>(o, ledger_.get());
+  }
+
+  // The flat layout: parameters in the reverse of their registration order, one segment, the
+  // parameter groups' multipliers, owned ranges over the device buffers.
+  void lay_out() {
+    auto& f = flat_;
+    f.groups = options_.groups;
+    std::size_t offset = 0;
+    for (std::size_t l = nodes_.size(); l-- > 0;) {
+      std::vector<nn::parameter<T>*> own;
+      nodes_[l]->for_each_parameter([&](nn::parameter<T>& p) { own.push_back(&p); });
+      for (std::size_t i = own.size(); i-- > 0;) {
+        f.params.push_back({own[i], static_cast<std::uint32_t>(l), offset});
+        offset += own[i]->size();
+      }
+    }
+    f.flat_size = f.tail_begin = offset;
+    f.assign_groups();
+    values_ = ctx_->template allocate<T>(memory_kind::parameters, offset);
+    grads_ = ctx_->template allocate<T>(memory_kind::gradients, offset);
+    // Initial values on the host (a function of the name, the seed and the index), then copied.
+    host_values_.assign(offset, T{});
+    host_grads_.assign(offset, T{});
+    for (auto& e : f.params) {
+      e.p->bind(host_values_.data() + e.offset, nullptr);
+      e.p->init(options_.seed);
+    }
+    f.owned.clear();
+    f.add_owned(values_, grads_, 0, offset, 0);
+    std::size_t const n = f.owned_size();
+    auto const s = ctx_->compute_stream();
+    ctx_->copy_async(s, values_, host_values_.data(), offset * sizeof(T));
+    ctx_->memset_async(s, grads_, 0, offset * sizeof(T));
+    if constexpr (sixteen_bit) { // f32 master weights, initialised in f32 as the host's pass
+      master_ = ctx_->template allocate<M>(memory_kind::optimizer_state, n);
+      std::vector<M> m(n);
+      for (auto const& r : f.owned)
+        f.for_each_piece(
+            r.flat, r.count,
+            [&](std::uint32_t param, std::size_t first, std::size_t count, std::size_t at) {
+              auto const* p = f.params[param].p;
+              nn::init_values(std::span<M>(m.data() + r.state_offset + at, count), p->init_name(),
+                              p->rule(), options_.seed, first);
+            });
+      ctx_->copy_async(s, master_, m.data(), n * sizeof(M));
+      ctx_->synchronize(s, "the initial master weights"); // m is freed below
+    }
+    std::size_t const states = spec_.what == engine::device_optimizer::kind::adamw ? 2
+                               : spec_.sgd.momentum != 0                           ? 1
+                                                                                   : 0;
+    if (states > 0) {
+      state_ = ctx_->template allocate<M>(memory_kind::optimizer_state, states * n);
+      ctx_->memset_async(s, state_, 0, states * n * sizeof(M));
+    }
+    state_elements_ = n;
+    for (auto& e : f.params)
+      e.p->bind(values_ + e.offset, grads_ + e.offset);
+    ctx_->synchronize(s, "the initial parameters"); // host_values_ is reused by read_back
+  }
+
+  void make_buffers() {
+    auto& c = *ctx_;
+    std::size_t const n = info_.size(), slots = program_.slots.empty() ? 1 : program_.slots[0];
+    std::size_t const b = mb_seqs_, sq = device_.seq;
+    out_.assign(n, nullptr);
+    saved_.assign(n, nullptr);
+    saved_stride_.assign(n, 0);
+    std::size_t shared = 0, scratch = loss_->scratch_bytes(b, sq), dmax = 0;
+    for (std::size_t l = 0; l < n; ++l) {
+      out_[l] = c.template allocate<T>(memory_kind::activations, slots * rows_ * info_[l].out);
+      std::size_t const bytes = nodes_[l]->saved_bytes(b, sq);
+      if (recompute_[l])
+        shared = std::max(shared, bytes);
+      else if (bytes != 0) {
+        saved_[l] = c.template allocate<std::byte>(memory_kind::activations, slots * bytes);
+        saved_stride_[l] = bytes;
+      }
+      scratch = std::max(scratch, nodes_[l]->scratch_bytes(b, sq));
+      dmax = std::max(dmax, rows_ * std::max(info_[l].out, info_[l].in));
+    }
+    if (shared != 0) {
+      std::byte* p = c.template allocate<std::byte>(memory_kind::activations, shared);
+      for (std::size_t l = 0; l < n; ++l)
+        if (recompute_[l])
+          saved_[l] = p;
+    }
+    scratch_ =
+        c.template allocate<std::byte>(memory_kind::workspace, std::max<std::size_t>(scratch, 1));
+    dout_[0] = c.template allocate<T>(memory_kind::workspace, dmax);
+    dout_[1] = c.template allocate<T>(memory_kind::workspace, dmax);
+    std::size_t const rows = rows_total();
+    if (features_input())
+      features_ = c.template allocate<T>(memory_kind::activations, rows * info_[0].in);
+    else
+      tokens_ = c.template allocate<std::int32_t>(memory_kind::activations, rows);
+    targets_ = c.template allocate<std::int32_t>(memory_kind::activations, rows);
+    if (device_.loss_mask)
+      mask_ = c.template allocate<float>(memory_kind::activations, rows);
+    losses_ = c.template allocate<double>(memory_kind::workspace, micro_batches_);
+    // The gradient norm's block partials over the ranges it counts.
+    std::size_t blocks = 0;
+    for (auto const& r : flat_.owned)
+      if (r.in_norm && r.count)
+        blocks += optim::kernels::grad_norm_block_count(r.count);
+    partials_ =
+        c.template allocate<double>(memory_kind::workspace, std::max<std::size_t>(blocks, 1));
+    scalars_ = c.template allocate<optim::kernels::step_scalars>(memory_kind::workspace, 1);
+    optim::kernels::step_scalars init{};
+    if constexpr (scaled) {
+      init.scale = options_.loss_scaler.initial_scale;
+      init.hysteresis_left = options_.loss_scaler.hysteresis;
+      (void)optim::dynamic_loss_scaler(options_.loss_scaler); // checks the options
+    }
+    auto* pinned = reinterpret_cast<optim::kernels::step_scalars*>(c.pinned() + staging_.scalars);
+    std::memcpy(static_cast<void*>(pinned), &init, sizeof init);
+    c.copy_async(c.compute_stream(), scalars_, pinned, sizeof init);
+    c.synchronize(c.compute_stream(), "the initial scalars");
+  }
+
+  // ---- running ---------------------------------------------------------------------------
+
+  engine::batch_view<T> narrowed(engine::batch_view<model_element> const& b) {
+    if (narrow_.size() < b.features.size())
+      narrow_.resize(b.features.size());
+    for (std::size_t i = 0; i < b.features.size(); ++i)
+      narrow_[i] = element_cast<T>(b.features[i]);
+    return {b.sequences, b.seq,
+            b.tokens,    std::span<T const>(narrow_.data(), b.features.size()),
+            b.targets,   b.loss_mask};
+  }
+  static engine::batch_view<T> view_of(data::token_batch const& b) {
+    return {b.sequences, b.seq, b.tokens, {}, b.targets, b.loss_mask};
+  }
+
+  // Checks the batch, counts its tokens (a token-weighted batch's normaliser, on the host from
+  // the host's targets), copies it into pinned staging and issues the copies to the device.
+  void stage(engine::batch_view<T> const& b, bool training) {
+    std::size_t const rows = rows_total();
+    std::string const what = training ? "step " + std::to_string(step_ + 1) : "an evaluation";
+    if (b.sequences != device_.sequences || b.seq != device_.seq)
+      throw shape_error("strata: " + what + ": a batch of " + std::to_string(b.sequences) + " x " +
+                        std::to_string(b.seq) + " on a device trainer built for " +
+                        std::to_string(device_.sequences) + " x " + std::to_string(device_.seq) +
+                        " (device_options): give batches of that shape");
+    if (b.targets.size() != rows)
+      throw shape_error("strata: the batch has " + std::to_string(b.targets.size()) +
+                        " targets for " + std::to_string(rows) + " rows");
+    if (features_input() ? b.features.size() != rows * info_[0].in : b.tokens.size() != rows)
+      throw shape_error("strata: the batch has " +
+                        (features_input() ? std::to_string(b.features.size()) + " feature values"
+                                          : std::to_string(b.tokens.size()) + " token ids") +
+                        " for " + std::to_string(rows) + " rows; the first layer \"" +
+                        info_[0].name + "\" reads " +
+                        (features_input() ? std::to_string(info_[0].in) + " features a row"
+                                          : std::string("one id a row")));
+    if (!b.loss_mask.empty() && !device_.loss_mask)
+      throw config_error("strata: the batch has a loss mask but the device trainer was built "
+                         "without one: set device_options::loss_mask");
+    if (!b.loss_mask.empty() && b.loss_mask.size() != rows)
+      throw shape_error("strata: the batch has " + std::to_string(b.loss_mask.size()) +
+                        " loss-mask weights for " + std::to_string(rows) + " rows");
+    if (!features_input())
+      for (std::size_t r = 0; r < rows; ++r)
+        if (b.tokens[r] < 0 || static_cast<std::size_t>(b.tokens[r]) >= info_[0].in)
+          throw shape_error("strata: token id " + std::to_string(b.tokens[r]) + " at row " +
+                            std::to_string(r) + " is outside the vocabulary of " +
+                            std::to_string(info_[0].in) + " (layer \"" + info_[0].name + "\")");
+    std::size_t const classes = loss_->in_features();
+    double counted = 0;
+    std::size_t ignored = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::int32_t const t = b.targets[r];
+      if (t == nn::ignore_index) {
+        ++ignored;
+        continue;
+      }
+      if (t < 0 || static_cast<std::size_t>(t) >= classes)
+        throw shape_error("strata: target " + std::to_string(t) + " at row " + std::to_string(r) +
+                          " is outside the " + std::to_string(classes) + " classes of the loss \"" +
+                          std::string(loss_->name()) + "\"");
+      if (!b.loss_mask.empty()) {
+        float const w = b.loss_mask[r];
+        if (!(w >= 0.0f) || !std::isfinite(w))
+          throw shape_error("strata: loss-mask weight " + std::to_string(w) + " at row " +
+                            std::to_string(r) + " of the batch: weights are finite and >= 0");
+        counted += static_cast<double>(w);
+      } else {
+        counted += 1;
+      }
+    }
+    norm_ = 0;
+    if (options_.token_weighted || !b.loss_mask.empty() || ignored != 0) {
+      if (!(counted > 0))
+        throw error("strata: " + what +
+                    ": the batch has no counted tokens (every target is the ignore index or "
+                    "has loss-mask weight 0): the mean loss over no tokens is undefined");
+      norm_ = counted / static_cast<double>(micro_batches_);
+    }
+    masked_ = !b.loss_mask.empty();
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    std::byte* pinned = c.pinned();
+    auto up = [&](std::size_t at, void* dst, void const* src, std::size_t bytes) {
+      std::memcpy(pinned + at, src, bytes);
+      c.copy_async(s, dst, pinned + at, bytes);
+    };
+    if (features_input())
+      up(staging_.features, features_, b.features.data(), b.features.size() * sizeof(T));
+    else
+      up(staging_.tokens, tokens_, b.tokens.data(), rows * sizeof(std::int32_t));
+    up(staging_.targets, targets_, b.targets.data(), rows * sizeof(std::int32_t));
+    if (masked_)
+      up(staging_.mask, mask_, b.loss_mask.data(), rows * sizeof(float));
+  }
+
+  nn::device::call make_call(engine::op const& o, bool training) const noexcept {
+    nn::device::call c;
+    c.batch = mb_seqs_;
+    c.seq = device_.seq;
+    c.micro_batch = o.micro_batch;
+    c.first_row = static_cast<std::uint64_t>(o.micro_batch) * rows_;
+    c.step = static_cast<std::uint64_t>(step_);
+    c.seed = options_.seed;
+    c.training = training;
+    c.recompute = o.recompute();
+    return c;
+  }
+
+  T* out_of(std::size_t l, std::size_t slot) const noexcept {
+    return out_[l] + slot * rows_ * info_[l].out;
+  }
+  std::byte* saved_of(std::size_t l, std::size_t slot) const noexcept {
+    return saved_[l] == nullptr ? nullptr : saved_[l] + slot * saved_stride_[l];
+  }
+  T const* input_of(engine::op const& o) const noexcept {
+    std::size_t const l = o.layer;
+    if (l == 0)
+      return features_ + o.micro_batch * rows_ * info_[0].in;
+    return out_of(l - 1, o.slot);
+  }
+
+  void run(engine::program const& p, bool training) {
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    std::uint64_t const before = c.counters().host_synchronizations;
+    for (engine::op const& o : p.ops) {
+      switch (o.code) {
+      case engine::op_code::zero_grad:
+        c.memset_async(s, grads_, 0, flat_.flat_size * sizeof(T));
+        launch_elements(c, s, 1, optim::kernels::begin_step{scalars_, scaled});
+        break;
+      case engine::op_code::forward: {
+        std::size_t const l = o.layer;
+        auto const k = make_call(o, training);
+        if (info_[l].kind == engine::node_kind::input)
+          nodes_[l]->forward_ids(c, k, tokens_ + o.micro_batch * rows_, out_of(l, o.slot),
+                                 saved_of(l, o.slot), scratch_);
+        else
+          nodes_[l]->forward(c, k, input_of(o), out_of(l, o.slot), saved_of(l, o.slot), scratch_);
+        break;
+      }
+      case engine::op_code::loss: {
+        std::size_t const l = o.layer;
+        nn::device::loss_call<M> lc;
+        lc.mask = masked_ ? mask_ + o.micro_batch * rows_ : nullptr;
+        lc.norm = norm_;
+        lc.dloss = 1.0 / static_cast<double>(micro_batches_);
+        if constexpr (scaled && std::is_same_v<M, float>)
+          lc.dloss_scale = &scalars_->scale_f;
+        lc.dlogits = training ? static_cast<void*>(dout_[l % 2]) : nullptr;
+        lc.loss_out = losses_ + o.micro_batch;
+        loss_->loss(c, make_call(o, training), out_of(l, o.slot), targets_ + o.micro_batch * rows_,
+                    lc, scratch_);
+        break;
+      }
+      case engine::op_code::backward: {
+        std::size_t const l = o.layer;
+        auto const k = make_call(o, training);
+        T const* dy = dout_[l % 2];
+        if (info_[l].kind == engine::node_kind::input) {
+          nodes_[l]->backward_ids(c, k, tokens_ + o.micro_batch * rows_, saved_of(l, o.slot), dy,
+                                  scratch_);
+        } else {
+          T* dx = l > 0 ? dout_[(l - 1) % 2] : nullptr;
+          nodes_[l]->backward(c, k, input_of(o), saved_of(l, o.slot), dy, dx, scratch_);
+        }
+        break;
+      }
+      case engine::op_code::clip:
+        run_clip();
+        break;
+      case engine::op_code::optimizer_step:
+        run_optimizer();
+        break;
+      default:
+        throw error("strata: the device engine was asked to run a " +
+                    std::string(engine::name_of(o.code)) + " operation, which it does not run");
+      }
+    }
+    auto const& ls = options_.loss_scaler;
+    launch_elements(c, s, 1,
+                    optim::kernels::end_step{scalars_, losses_, micro_batches_, scaled && training,
+                                             ls.growth_factor, ls.backoff_factor, ls.min_scale,
+                                             ls.max_scale, ls.growth_interval, ls.hysteresis});
+    syncs_in_ops_ = c.counters().host_synchronizations - before;
+  }
+
+  bool wants_norm() const noexcept { return scaled || options_.clip > 0 || options_.grad_norm; }
+
+  void run_clip() {
+    if (hook_)
+      hook_(*this);
+    if (!wants_norm())
+      return;
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    std::size_t at = 0;
+    for (auto const& r : flat_.owned) {
+      if (!r.in_norm || r.count == 0)
+        continue;
+      std::size_t const blocks = optim::kernels::grad_norm_block_count(r.count);
+      launch_rows(c, s, blocks, 256,
+                  optim::kernels::grad_norm_blocks<T>{r.grads, r.count, partials_ + at});
+      at += blocks;
+    }
+    launch_rows(c, s, 1, 1024,
+                optim::kernels::grad_norm_finish{partials_, at, &scalars_->sum_sq, nullptr, nullptr,
+                                                 nullptr, 0.0, 0.0});
+    launch_elements(
+        c, s, 1,
+        optim::kernels::finish_clip{scalars_, scaled, options_.grad_norm, options_.clip, 1e-6});
+  }
+
+  void run_optimizer() {
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    std::int64_t const next = applied_ + 1;
+    optim::step_context base;
+    base.lr = options_.lr(next);
+    base.step = next;
+    base.grad_scale = 1.0; // the device's grad_factor carries the clip and the unscale
+    using P16 = std::conditional_t<sixteen_bit, T, void>;
+    for (auto const& r : flat_.owned) {
+      if (r.count == 0)
+        continue;
+      optim::step_context const k = r.context(base);
+      M* params = [&] {
+        if constexpr (sixteen_bit)
+          return master_ + r.state_offset;
+        else
+          return r.values;
+      }();
+      P16* copy16 = [&]() -> P16* {
+        if constexpr (sixteen_bit)
+          return r.values;
+        else
+          return nullptr;
+      }();
+      if (spec_.what == engine::device_optimizer::kind::adamw) {
+        optim::kernels::adamw_update<M, T, P16> f{optim::adamw_coefficients_for<M>(spec_.adamw, k),
+                                                  optim::adamw_lerp_low_weight(spec_.adamw),
+                                                  1.0,
+                                                  &scalars_->grad_factor,
+                                                  &scalars_->skip,
+                                                  params,
+                                                  r.grads,
+                                                  state_ + r.state_offset,
+                                                  state_ + state_elements_ + r.state_offset,
+                                                  copy16};
+        launch_elements(c, s, r.count, f);
+      } else {
+        optim::kernels::sgd_update<M, T, P16> f{optim::sgd_coefficients_for<M>(spec_.sgd, k),
+                                                optim::sgd_mode_for(spec_.sgd, k),
+                                                1.0,
+                                                &scalars_->grad_factor,
+                                                &scalars_->skip,
+                                                params,
+                                                r.grads,
+                                                state_ == nullptr ? nullptr
+                                                                  : state_ + r.state_offset,
+                                                copy16};
+        launch_elements(c, s, r.count, f);
+      }
+    }
+  }
+
+  // The step's scalars copied to pinned memory and waited for: the one host synchronisation.
+  optim::kernels::step_scalars const& finish(char const* why, bool) {
+    auto& c = *ctx_;
+    auto* pinned = reinterpret_cast<optim::kernels::step_scalars*>(c.pinned() + staging_.scalars);
+    c.copy_async(c.compute_stream(), pinned, scalars_, sizeof(optim::kernels::step_scalars));
+    c.synchronize(c.compute_stream(), why);
+    std::memcpy(static_cast<void*>(&read_), pinned, sizeof read_);
+    return read_;
+  }
+
+  engine::parameter_entry<T> const& entry(std::string const& name) const {
+    for (auto const& e : flat_.params)
+      if (e.p->name() == name)
+        return e;
+    throw config_error("strata: the device trainer has no parameter \"" + name + "\"");
+  }
+
+  struct staging_offsets {
+    std::size_t tokens = 0, targets = 0, mask = 0, features = 0, scalars = 0;
+  };
+
+  trainer_options options_;
+  device_options device_;
+  std::unique_ptr<memory_ledger> ledger_;
+  std::unique_ptr<context_type> ctx_;
+  engine::device_optimizer spec_;
+  std::size_t micro_batches_ = 1, mb_seqs_ = 0, rows_ = 0;
+  std::vector<typename builder_type::layer_info> info_;
+  std::vector<std::unique_ptr<node_type>> nodes_;
+  std::unique_ptr<node_type> loss_;
+  std::vector<bool> recompute_;
+  engine::program program_, eval_;
+  engine::flat_layout<T, host> flat_;
+  staging_offsets staging_;
+  // device memory (the context's)
+  T* values_ = nullptr;
+  T* grads_ = nullptr;
+  M* master_ = nullptr;
+  M* state_ = nullptr;
+  std::size_t state_elements_ = 0;
+  std::vector<T*> out_;
+  std::vector<std::byte*> saved_;
+  std::vector<std::size_t> saved_stride_;
+  std::byte* scratch_ = nullptr;
+  T* dout_[2] = {nullptr, nullptr};
+  std::int32_t* tokens_ = nullptr;
+  std::int32_t* targets_ = nullptr;
+  float* mask_ = nullptr;
+  T* features_ = nullptr;
+  double* losses_ = nullptr;
+  double* partials_ = nullptr;
+  optim::kernels::step_scalars* scalars_ = nullptr;
+  // host
+  std::vector<T> host_values_, host_grads_, narrow_;
+  optim::kernels::step_scalars read_{};
+  std::function<void(trainer&)> hook_;
+  T planted_{};
+  double norm_ = 0;
+  bool masked_ = false;
+  std::int64_t step_ = 0, applied_ = 0;
+  std::uint64_t syncs_in_ops_ = 0;
+};
+
+} // namespace strata
