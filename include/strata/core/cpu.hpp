@@ -81,12 +81,20 @@ template <class V, class T>
 #if defined(__x86_64__) || defined(__i386__)
 template <class F>
 [[gnu::target("avx2,fma"), gnu::flatten, gnu::noinline]] void run_isa_avx2(F const& f) {
+#if !defined(__CUDA_ARCH__) // host vectors: nvcc's device pass instantiates none of them
   f.template operator()<32>();
+#else
+  (void)f;
+#endif
 }
 #endif
 template <class F>
 [[gnu::flatten, gnu::noinline]] void run_isa_base(F const& f) {
+#if !defined(__CUDA_ARCH__) // host vectors: nvcc's device pass instantiates none of them
   f.template operator()<16>();
+#else
+  (void)f;
+#endif
 }
 
 /// Runs f.operator()<W>() compiled for the host's instruction set (see the file comment).

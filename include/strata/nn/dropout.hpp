@@ -92,11 +92,14 @@ inline void draw_keep_mask(std::uint8_t* keep, std::size_t n, random_key key, st
       U64 const bytes = ((a0 & m) + b) >> 32 | ((a1 & m) + b) >> 32 << 8 |
                         ((a2 & m) + b) >> 32 << 16 | ((a3 & m) + b) >> 32 << 24;
       U const words = __builtin_bit_cast(U, bytes);
+#if !defined(__CUDACC__) // nvcc's front end rejects this shuffle; the loop stores the same words
       if constexpr (L == 4) {
         strata::detail::vec<std::uint32_t, 16> const low =
             __builtin_shufflevector(words, words, 0, 2, 4, 6);
         strata::detail::vstore(out, low);
-      } else {
+      } else
+#endif
+      {
         for (std::size_t k = 0; k < L; ++k) {
           std::uint32_t const v = words[2 * k];
           __builtin_memcpy(out + 4 * k, &v, 4);

@@ -315,6 +315,11 @@ public:
     return finish("an evaluation's loss", false).loss;
   }
   double evaluate(data::token_batch const& b) { return evaluate(view_of(b)); }
+  template <class U>
+  requires(std::is_same_v<U, model_element> &&
+           !std::is_same_v<U, T>) double evaluate(engine::batch_view<U> const& batch) {
+    return evaluate(narrowed(batch));
+  }
 
   /// The parameters' values and gradients copied to the host (one host synchronisation; not
   /// for the hot path): values_of / grads_of read them by name afterwards.
@@ -350,6 +355,10 @@ public:
     planted_ = value;
     ctx_->copy_async(ctx_->compute_stream(), grads_ + e.offset + index, &planted_, sizeof(T));
   }
+
+  /// Test hook: edits the training program before the first step (a fault a test injects:
+  /// an operation dropped). The device engine runs whatever operations the program holds.
+  void rewrite_program(std::function<void(engine::program&)> const& f) { f(program_); }
 
   context_type& context() noexcept { return *ctx_; }
   memory_ledger& ledger() noexcept { return *ledger_; }
@@ -404,9 +413,10 @@ private:
                            "\" reads token ids but is not "
                            "the first layer");
     // The program: the sequential schedule of the micro-batches, recompute as the plan says.
-    std::size_t const n = info_.size(), every = Plan::descriptor().recompute.every;
+    std::size_t const n = info_.size();
+    constexpr std::size_t every = Plan::descriptor().recompute.every;
     recompute_.assign(n, false);
-    if (every > 0) {
+    if constexpr (every > 0) {
       std::size_t h = 0;
       for (std::size_t l = 0; l < n; ++l)
         if (info_[l].kind == engine::node_kind::hidden)

@@ -47,6 +47,9 @@ class cuda_context {
 public:
   using device_type = cuda;
   using stream_type = cudaStream_t;
+  /// Rows of one block of a column sum (bias and layer-norm gradients): the blocks are summed in
+  /// parallel, then folded in block order (nn/device/layers.hpp, detail::column_block_rows).
+  static constexpr std::size_t column_block_rows = 256;
   /// An event of the pool: its handle and its slot (the host remembers which were recorded).
   struct event_type {
     cudaEvent_t handle = nullptr;

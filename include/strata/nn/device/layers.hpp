@@ -559,7 +559,7 @@ private:
 
 /// An activation layer (gelu, gelu_erf, relu, activation): nothing saved (backward reads x).
 template <class L, class Ctx>
-class activation_twin final : public detail::twin_base<L, Ctx, engine::node_kind::hidden> {
+class activation_twin : public detail::twin_base<L, Ctx, engine::node_kind::hidden> {
   using base = detail::twin_base<L, Ctx, engine::node_kind::hidden>;
   using T = typename base::T;
 
@@ -876,7 +876,7 @@ public:
     launch_elements(ctx, s, 1, store_double{scalars + 1, lc.loss_out});
   }
 
-private:
+  // Public: nvcc refuses a private nested type as a __global__ kernel's template argument.
   struct store_double {
     C const* from;
     double* to;
