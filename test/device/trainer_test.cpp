@@ -302,6 +302,38 @@ TEST_CASE("device trainer: dropout on the embedding and the residual branches ma
   std::printf("dropout: step %zu loss device %.9g host %.9g\n", steps, dev.back(), host.back());
 }
 
+TEST_CASE("device trainer: tied embeddings match the host", "[device][parity]") {
+  token_data const d(batch, seq, vocab, 11);
+  auto cfg = small_gpt();
+  cfg.tie_embeddings = true;
+  st::models::gpt_model<float> m{cfg};
+  st::trainer<st::models::gpt_model<float>> host(m, make_optimizer<float>(true), options(0.5));
+  st::trainer<st::models::gpt_model<float>, st::plan<>, st::cuda_emulated> dev(
+      m, make_optimizer<float>(true), options(0.5), {.sequences = batch, .seq = seq});
+  for (std::size_t k = 0; k < steps; ++k) {
+    auto const a = dev.step(d.view<float>()), h = host.step(d.view<float>());
+    CHECK(std::abs(a.loss - h.loss) <= 1e-5 * std::abs(h.loss));
+    CHECK(std::abs(a.grad_norm - h.grad_norm) <= 1e-5 * h.grad_norm);
+  }
+  dev.read_back();
+  auto const wte = widened<float>(dev.values_of("embed.wte.weight"));
+  CHECK(wte == widened<float>(dev.values_of("head.weight"))); // the members stay one tensor
+  auto const ref =
+      widened<float>(std::span<float const>(host.find_parameter("embed.wte.weight")->values()));
+  std::vector<double> moved(ref.size());
+  double m2 = 0, e2 = 0;
+  auto const p0 = [&] {
+    st::trainer<st::models::gpt_model<float>> fresh(m, make_optimizer<float>(true), options(0.5));
+    return widened<float>(
+        std::span<float const>(fresh.find_parameter("embed.wte.weight")->values()));
+  }();
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    m2 += (ref[i] - p0[i]) * (ref[i] - p0[i]);
+    e2 += (wte[i] - ref[i]) * (wte[i] - ref[i]);
+  }
+  CHECK(std::sqrt(e2 / m2) <= 1e-4);
+}
+
 TEST_CASE("device trainer: bf16 and fp16 against the f64 host reference", "[device][parity]") {
   // The f64 reference starts from the 16-bit run's initial values (its parameters, widened):
   // the same model, computed in f64.
@@ -322,7 +354,7 @@ TEST_CASE("device trainer: bf16 and fp16 against the f64 host reference", "[devi
   }
 }
 
-TEST_CASE("device trainer: recompute full and every<2> are bit for bit recompute none",
+TEST_CASE("device trainer: recompute full, every<2> and selective are bit for bit none",
           "[device][recompute]") {
   token_data const d(batch, seq, vocab, 4);
   auto const none = run_device<float>(true, 0.5, d, 3);
@@ -333,6 +365,10 @@ TEST_CASE("device trainer: recompute full and every<2> are bit for bit recompute
   CHECK(full.p == none.p);
   CHECK(every.losses == none.losses);
   CHECK(every.p == none.p);
+  auto const selective = run_device<float, st::plan<st::recompute::selective>>(true, 0.5, d, 3);
+  CHECK(selective.losses == none.losses);
+  CHECK(selective.g1 == none.g1);
+  CHECK(selective.p == none.p);
   auto const bf =
       run_device<float, st::plan<st::precision::bf16, st::recompute::full>>(true, 0.5, d, 3);
   auto const bn = run_device<float, st::plan<st::precision::bf16>>(true, 0.5, d, 3);
@@ -349,8 +385,10 @@ TEST_CASE("device trainer: recompute full and every<2> are bit for bit recompute
   };
   auto const a_none = activations(static_cast<st::plan<>*>(nullptr));
   auto const a_full = activations(static_cast<st::plan<st::recompute::full>*>(nullptr));
-  std::printf("activations: none %zu bytes, full %zu bytes\n", a_none, a_full);
+  auto const a_sel = activations(static_cast<st::plan<st::recompute::selective>*>(nullptr));
+  std::printf("activations: none %zu bytes, selective %zu, full %zu\n", a_none, a_sel, a_full);
   CHECK(a_full < a_none);
+  CHECK(a_sel < a_none);
 }
 
 TEST_CASE("device trainer: an fp16 overflow skips the step on the device and halves the scale",
@@ -468,11 +506,6 @@ TEST_CASE("device trainer: refusals name the numbers", "[device][errors]") {
       device_t(m, make_optimizer<float>(true), options(0), {.sequences = 0, .seq = 4}),
       Catch::Contains("sequences = 0"));
   auto cfg = small_gpt();
-  cfg.tie_embeddings = true;
-  CHECK_THROWS_WITH(device_t(st::models::gpt_model<float>{cfg}, make_optimizer<float>(true),
-                             options(0), {.sequences = 2, .seq = 4}),
-                    Catch::Contains("tied parameters do not run on a device yet"));
-  cfg = small_gpt();
   cfg.attn_dropout = 0.1;
   CHECK_THROWS_WITH(device_t(st::models::gpt_model<float>{cfg}, make_optimizer<float>(true),
                              options(0), {.sequences = 2, .seq = 4}),

@@ -5,8 +5,8 @@
 // in device memory, and which waits on the device once a step: the read of the step's scalars.
 //
 // The plan's precision (fp32, bf16, fp16 with dynamic loss scaling decided on the device),
-// recompute (none, full, every<K>) and micro_batches<M> run on a device; the other options are
-// refused at compile time (docs/gpu/trainer.md).
+// recompute (none, full, every<K>, selective) and micro_batches<M> run on a device; the other
+// options are refused at compile time (docs/gpu/trainer.md).
 #pragma once
 
 #include <strata/core/device_context.hpp>
@@ -43,6 +43,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <ranges>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -105,12 +106,41 @@ public:
     open(l.name());
     loss_ = lower<U>(std::move(l));
   }
-  /// Tied parameters do not run on a device yet.
+  /// Declares that parameter `copy` is parameter `primary`, read by a later layer (the host
+  /// builder's tie: both exist in layers added already, with the same shape; each step both get
+  /// the sum of their gradients, before the clip). Throws config_error naming both otherwise.
   void tie(std::string const& primary, std::string const& copy) {
-    throw config_error("strata: model_builder::tie(\"" + primary + "\", \"" + copy +
-                       "\") on a device: tied parameters do not run on a device yet; build the "
-                       "model untied (gpt_config::tie_embeddings = false)");
+    std::string const who = "strata: model_builder::tie(\"" + primary + "\", \"" + copy + "\"): ";
+    auto find = [&](std::string const& n) -> nn::parameter<T>& {
+      nn::parameter<T>* found = nullptr;
+      for (auto& node : nodes_)
+        node->for_each_parameter([&](nn::parameter<T>& p) {
+          if (p.name() == n)
+            found = &p;
+        });
+      if (found == nullptr)
+        throw config_error(who + "no parameter is named \"" + n +
+                           "\" among the layers added so far: tie after adding both layers, by "
+                           "full parameter names (\"embed.wte.weight\")");
+      return *found;
+    };
+    auto& a = find(primary);
+    auto& b = find(copy);
+    if (primary == copy || a.size() != b.size() ||
+        !std::ranges::equal(a.full_shape(), b.full_shape()))
+      throw config_error(who + "the parameters must differ and have the same shape (" +
+                         std::to_string(a.size()) + " and " + std::to_string(b.size()) +
+                         " elements)");
+    for (auto const& t : ties_)
+      if (t.first == copy || t.second == copy || t.second == primary)
+        throw config_error(who + "\"" + copy + "\" or \"" + primary +
+                           "\" is tied already: tie every copy to one primary, once");
+    ties_.emplace_back(primary, copy);
+    b.set_tie(primary, a.kind());
+    a.set_tie(primary, a.kind());
   }
+  /// The ties: (primary, copy) names.
+  std::vector<std::pair<std::string, std::string>> const& ties() const noexcept { return ties_; }
   /// A device run has no tensor-parallel group (tp = 1).
   nn::tp_group const* tp() const noexcept { return nullptr; }
 
@@ -150,6 +180,7 @@ private:
   std::vector<layer_info> info_;
   std::vector<std::unique_ptr<node_type>> nodes_;
   std::unique_ptr<node_type> loss_;
+  std::vector<std::pair<std::string, std::string>> ties_;
 };
 
 } // namespace engine
@@ -157,13 +188,13 @@ private:
 namespace detail {
 
 /// Whether a plan's options all run on a device: precision (fp32, bf16, fp16), recompute (none,
-/// full, every<K>) and micro_batches<M>.
+/// full, every<K>, selective) and micro_batches<M>.
 template <class Plan>
 constexpr bool runs_on_device() {
   constexpr plan_descriptor d = Plan::descriptor();
   bool ok = !d.data_parallel.enabled && !d.sharded.enabled && !d.tensor_parallel.enabled &&
-            !d.pipeline.enabled && !d.recompute.selective && !d.recompute.offload &&
-            !d.precision.accumulate_f32 && !d.precision.reduce_f32;
+            !d.pipeline.enabled && !d.recompute.offload && !d.precision.accumulate_f32 &&
+            !d.precision.reduce_f32;
   Plan::for_each_option([&]<class O>() {
     if constexpr (plan_option<O>)
       ok = ok && (detail::is_precision<O>::value || detail::is_recompute<O>::value);
@@ -182,10 +213,10 @@ class trainer<Model, Plan, Device> {
   static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
   static_assert(detail::runs_on_device<Plan>(),
                 "strata: this plan names an option that does not run on a device yet: a device "
-                "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K> and "
-                "micro_batches<M>, while data_parallel, sharded, tensor_parallel, "
-                "pipeline_parallel, recompute::selective and offload, precision::reduce and "
-                "accumulate and your own options run on the host trainer");
+                "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K>/"
+                "selective and micro_batches<M>, while data_parallel, sharded, tensor_parallel, "
+                "pipeline_parallel, recompute::offload, precision::reduce and accumulate and "
+                "your own options run on the host trainer");
   using precision_option = plan_precision_t<Plan>;
   static_assert(option_traits<precision_option>::template can_implement<Model>());
   using model_element = typename Model::value_type;
@@ -391,7 +422,10 @@ private:
       with_model(model, [&](auto const& m) { m.build(b); });
     }
     info_ = b.info();
+    tie_names_ = b.ties();
     nodes_ = std::move(b.nodes());
+    for (auto& n : nodes_)
+      n->configure({.recompute_attention = Plan::descriptor().recompute.selective});
     loss_ = std::move(b.loss_node());
     if (nodes_.empty())
       throw config_error("strata: the model has no layers: its build() must add some");
@@ -425,6 +459,10 @@ private:
     std::vector<engine::chunk_layers> chunks{{0, static_cast<std::uint32_t>(n - 1), true}};
     auto const sched = engine::sequential_schedule(micro_batches_);
     program_ = engine::program::from_schedule(sched, chunks, micro_batches_, true, recompute_);
+    if (!tie_names_.empty()) // tied gradients summed before the clip, as on the host
+      program_.ops.insert(program_.ops.begin() +
+                              static_cast<std::ptrdiff_t>(program_.find(engine::op_code::clip)),
+                          engine::op{engine::op_code::tie});
     eval_ = engine::program::from_schedule(sched, chunks, micro_batches_, false);
     mb_seqs_ = device_.sequences / micro_batches_;
     rows_ = mb_seqs_ * device_.seq;
@@ -505,6 +543,8 @@ private:
       ctx_->memset_async(s, state_, 0, states * n * sizeof(M));
     }
     state_elements_ = n;
+    for (auto const& [a, b] : tie_names_)
+      ties_at_.push_back({entry(a).offset, entry(b).offset, entry(a).p->size()});
     for (auto& e : f.params)
       e.p->bind(values_ + e.offset, grads_ + e.offset);
     ctx_->synchronize(s, "the initial parameters"); // host_values_ is reused by read_back
@@ -738,6 +778,10 @@ private:
         }
         break;
       }
+      case engine::op_code::tie:
+        for (auto const& t : ties_at_)
+          launch_elements(c, s, t.count, tie_sum{grads_ + t.a, grads_ + t.b});
+        break;
       case engine::op_code::clip:
         run_clip();
         break;
@@ -853,6 +897,22 @@ private:
     throw config_error("strata: the device trainer has no parameter \"" + name + "\"");
   }
 
+public:
+  // A tied set's gradient: both members get a + b, summed in the compute type, rounded once
+  // (engine::tied_gradients's arithmetic). Public: nvcc refuses a private nested type as a
+  // __global__ kernel's template argument.
+  struct tie_sum {
+    T* a;
+    T* b;
+    STRATA_HD void operator()(std::size_t i) const {
+      T const v = strata::kernels::narrow<T>(strata::kernels::widen<M>(a[i]) +
+                                             strata::kernels::widen<M>(b[i]));
+      a[i] = v;
+      b[i] = v;
+    }
+  };
+
+private:
   struct staging_offsets {
     std::size_t tokens = 0, targets = 0, mask = 0, features = 0, scalars = 0;
   };
@@ -867,6 +927,11 @@ private:
   std::vector<std::unique_ptr<node_type>> nodes_;
   std::unique_ptr<node_type> loss_;
   std::vector<bool> recompute_;
+  std::vector<std::pair<std::string, std::string>> tie_names_;
+  struct tie_at {
+    std::size_t a, b, count; // the members' flat offsets, the elements
+  };
+  std::vector<tie_at> ties_at_;
   engine::program program_, eval_;
   engine::flat_layout<T, host> flat_;
   staging_offsets staging_;

@@ -331,7 +331,7 @@ public:
     s.q = c.template take<T>(rows * d_);
     s.k = c.template take<T>(rows * d_);
     s.v = c.template take<T>(rows * d_);
-    s.p = c.template take<T>(batch * heads_ * seq * seq);
+    s.p = selective_ ? nullptr : c.template take<T>(batch * heads_ * seq * seq);
     s.merged = c.template take<T>(rows * d_);
     return s;
   }
@@ -339,6 +339,7 @@ public:
     T* qkv; // forward: the projection's output; backward: dqkv
     T* y;   // forward: the heads' outputs; backward: their gradient
     T* dp;  // backward: dP, then dS in place
+    T* p;   // selective recompute: the probabilities, made in forward and again in backward
     T* dq;  // backward
     T* dk;
     T* dv;
@@ -351,6 +352,7 @@ public:
     s.qkv = c.template take<T>(rows * 3 * d_);
     s.y = c.template take<T>(rows * d_);
     s.dp = c.template take<T>(batch * heads_ * seq * seq);
+    s.p = selective_ ? c.template take<T>(batch * heads_ * seq * seq) : nullptr;
     s.dq = c.template take<T>(rows * d_);
     s.dk = c.template take<T>(rows * d_);
     s.dv = c.template take<T>(rows * d_);
@@ -365,20 +367,8 @@ public:
     qkv_.forward(ctx, rows, x, sc.qkv);
     launch_elements(ctx, st, rows * 3 * d_,
                     nn::kernels::attention_split_qkv<T>{sc.qkv, sv.q, sv.k, sv.v, S, H, hd});
-    strata::kernels::gemm_desc d;
-    d.type = dtype_of<T>();
-    d.m = S;
-    d.n = S;
-    d.k = hd;
-    d.trans_b = true;
-    d.batch = B * H;
-    d.stride_a = S * hd;
-    d.stride_b = S * hd;
-    d.stride_c = S * S;
-    scores_.run(ctx, st, d, {sv.q, sv.k, sv.p, nullptr, nullptr});
-    launch_rows(
-        ctx, st, B * H * S, lanes_for(S),
-        nn::kernels::causal_softmax_forward<T>{sv.p, sv.p, S, nn::kernels::attention_scale<C>(hd)});
+    T* const p = selective_ ? sc.p : sv.p;
+    probabilities(ctx, c, sv, p);
     strata::kernels::gemm_desc o;
     o.type = dtype_of<T>();
     o.m = S;
@@ -388,7 +378,7 @@ public:
     o.stride_a = S * S;
     o.stride_b = S * hd;
     o.stride_c = S * hd;
-    pv_.run(ctx, st, o, {sv.p, sv.v, sc.y, nullptr, nullptr});
+    pv_.run(ctx, st, o, {p, sv.v, sc.y, nullptr, nullptr});
     launch_elements(ctx, st, rows * d_,
                     nn::kernels::attention_merge_heads<T>{sc.y, sv.merged, S, H, hd});
     proj_.forward(ctx, rows, sv.merged, out);
@@ -398,6 +388,9 @@ public:
                 scratch const& sc) {
     auto const st = ctx.compute_stream();
     std::size_t const B = c.batch, S = c.seq, H = heads_, hd = d_ / heads_, rows = B * S;
+    T* const p = selective_ ? sc.p : sv.p;
+    if (selective_) // the forward's probabilities again, bit for bit, from the kept q and k
+      probabilities(ctx, c, sv, p);
     T* dmerged = sc.dq; // [rows, d] before the heads' permute (dq is free until dS K)
     proj_.backward(ctx, rows, sv.merged, dout, dmerged, sc.lin);
     launch_elements(ctx, st, rows * d_,
@@ -425,9 +418,9 @@ public:
     dv.stride_a = S * S;
     dv.stride_b = S * hd;
     dv.stride_c = S * hd;
-    dv_.run(ctx, st, dv, {sv.p, sc.y, sc.dv, nullptr, nullptr});
+    dv_.run(ctx, st, dv, {p, sc.y, sc.dv, nullptr, nullptr});
     launch_rows(ctx, st, B * H * S, lanes_for(S),
-                nn::kernels::causal_softmax_backward<T>{sv.p, sc.dp, sc.dp, S,
+                nn::kernels::causal_softmax_backward<T>{p, sc.dp, sc.dp, S,
                                                         nn::kernels::attention_scale<C>(hd)});
     // dQ = dS K, dK = dS^T Q
     strata::kernels::gemm_desc dq;
@@ -449,9 +442,33 @@ public:
     qkv_.backward(ctx, rows, x, sc.qkv, dx, sc.lin);
   }
 
+  /// Selective recompute: the probabilities live in scratch, made again in backward.
+  void set_selective(bool on) noexcept { selective_ = on; }
+
 private:
+  // The causal softmax of the scaled scores q k^T into p (B, H, T, T).
+  void probabilities(Ctx& ctx, call const& c, saved const& sv, T* p) {
+    auto const st = ctx.compute_stream();
+    std::size_t const B = c.batch, S = c.seq, H = heads_, hd = d_ / heads_;
+    strata::kernels::gemm_desc d;
+    d.type = dtype_of<T>();
+    d.m = S;
+    d.n = S;
+    d.k = hd;
+    d.trans_b = true;
+    d.batch = B * H;
+    d.stride_a = S * hd;
+    d.stride_b = S * hd;
+    d.stride_c = S * S;
+    scores_.run(ctx, st, d, {sv.q, sv.k, p, nullptr, nullptr});
+    launch_rows(
+        ctx, st, B * H * S, lanes_for(S),
+        nn::kernels::causal_softmax_forward<T>{p, p, S, nn::kernels::attention_scale<C>(hd)});
+  }
+
   linear_ops<T, Ctx> qkv_, proj_;
   std::size_t d_, heads_;
+  bool selective_ = false;
   lazy_gemm<Ctx> scores_, pv_, dp_, dv_, dq_, dk_;
 };
 
@@ -729,6 +746,7 @@ public:
   }
   std::size_t in_features() const noexcept override { return d_; }
   std::size_t out_features() const noexcept override { return d_; }
+  void configure(settings const& s) override { attn_.set_selective(s.recompute_attention); }
 
   std::size_t saved_bytes(std::size_t b, std::size_t s) const override {
     carve c;

@@ -61,6 +61,13 @@ struct loss_call {
   double* loss_out = nullptr;     ///< device: this micro-batch's loss, as a double
 };
 
+/// What the trainer tells every twin once, before it asks for their sizes.
+struct settings {
+  /// Selective recompute (recompute::selective): attention keeps q, k and v but not its
+  /// probabilities, which it re-creates in backward in scratch.
+  bool recompute_attention = false;
+};
+
 /// Carves 256-byte-aligned regions out of one block of device memory in a fixed order: how a
 /// twin lays out what it saves (per slot) and its scratch. With base 0 it only measures
 /// (end() is then the bytes the layout needs).
@@ -103,6 +110,8 @@ public:
   virtual std::size_t in_features() const noexcept = 0;
   virtual std::size_t out_features() const noexcept = 0;
   virtual void for_each_parameter(parameter_fn const& f) = 0;
+  /// The run's settings (before saved_bytes and scratch_bytes are asked).
+  virtual void configure(settings const&) {}
   /// Bytes forward keeps for backward, per activation slot; bytes used within one call.
   virtual std::size_t saved_bytes(std::size_t /*batch*/, std::size_t /*seq*/) const { return 0; }
   virtual std::size_t scratch_bytes(std::size_t /*batch*/, std::size_t /*seq*/) const { return 0; }
