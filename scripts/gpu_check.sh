@@ -3,8 +3,11 @@
 # Builds and runs every GPU check and benchmark on a machine with a CUDA device (an H200 in
 # ~6 minutes): the card, driver, CUDA and NCCL versions; a fresh GPU-check build
 # (STRATA_BUILD_GPU_CHECKS=ON: the CUDA toolkit and NCCL only); every test of that build (the GPU
-# tests, the rule test); the kernels benchmark; the GEMM benchmark beside torch.matmul where torch
-# is; compute-sanitizer's memcheck on the small kernel test. Each part's output goes to the
+# tests, the rule test) but the trainer's; the cuda trainer against the host trainer in f64 and
+# the emulated device (gpu.trainer, its own part); the kernels benchmark; the training step
+# benchmark (GPT-2 124M and 350M, bf16, MFU gates) and PyTorch eager + SDPA on the same shapes
+# where torch is; the GEMM benchmark beside torch.matmul where torch is; compute-sanitizer's
+# memcheck on the small kernel test. Each part's output goes to the
 # terminal and to $OUT/<part>.log (./gpu_check_out without OUT), so a part that fails leaves the
 # others' numbers; a summary closes the run. Exits 1 when a part failed.
 #
@@ -89,7 +92,8 @@ configure_and_build() {
 tests() {
   local log
   log=$(mktemp)
-  ctest --test-dir "$build" --output-on-failure --no-tests=error 2>&1 | tee "$log"
+  ctest --test-dir "$build" --output-on-failure --no-tests=error -E '^gpu\.trainer$' 2>&1 |
+    tee "$log"
   local rc=${PIPESTATUS[0]}
   if nvidia-smi -L >/dev/null 2>&1 && grep -q '(Skipped)' "$log"; then
     echo "gpu_check: a GPU test skipped on a machine with a device"
@@ -97,6 +101,28 @@ tests() {
   fi
   rm -f "$log"
   return "$rc"
+}
+
+# The cuda trainer against the host trainer in f64 and the emulated device (ctest's gpu.trainer,
+# run here on its own); skipped on a machine with a device is a failure, as in tests.
+trainer() {
+  local t=$build/test/gpu/strata_test_gpu_trainer
+  [ -x "$t" ] || {
+    echo "gpu_check: no $t (not built)"
+    return 1
+  }
+  "$t"
+  local rc=$?
+  if [ "$rc" -eq 77 ] && nvidia-smi -L >/dev/null 2>&1; then
+    echo "gpu_check: the trainer test skipped on a machine with a device"
+    rc=1
+  fi
+  return "$rc"
+}
+
+# PyTorch eager + SDPA on the step benchmark's shapes (exits 77 without torch or a device).
+torch_step() {
+  python3 "$root/bench/gpu/torch_step.py"
 }
 
 gemm_bench() {
@@ -124,11 +150,14 @@ memcheck() {
 }
 
 export root out build
-export -f versions configure_and_build tests gemm_bench memcheck
+export -f versions configure_and_build tests trainer torch_step gemm_bench memcheck
 run_part versions 60 versions
 run_part build 200 configure_and_build
 run_part tests 120 tests
+run_part trainer 150 trainer
 run_part kernels_bench 90 "$build/bench/gpu/strata_kernels_bench"
+run_part step_bench 120 "$build/bench/gpu/strata_step_bench"
+run_part torch_step 100 torch_step
 run_part gemm_bench 150 gemm_bench
 run_part memcheck 150 memcheck
 
@@ -137,6 +166,9 @@ run_part memcheck 150 memcheck
   printf '%s\n' "${summary[@]}"
   grep -hE '^device 0:|lowest fraction|^\| (gelu|bias|residual|layer_norm|adamw)' \
     "$out/kernels_bench.log" 2>/dev/null
-  grep -hE 'checks, [0-9]+ failed|ERROR SUMMARY' "$out/tests.log" "$out/memcheck.log" 2>/dev/null
+  grep -hE '^gemm peak|^step (124m|350m):|^(PASS|FAIL) |^torch (gemm peak|step)' \
+    "$out/step_bench.log" "$out/torch_step.log" 2>/dev/null
+  grep -hE 'checks, [0-9]+ failed|ERROR SUMMARY' "$out/tests.log" "$out/trainer.log" \
+    "$out/memcheck.log" 2>/dev/null
 } | tee "$out/summary.log"
 exit "$failed"

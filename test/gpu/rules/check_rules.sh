@@ -6,8 +6,9 @@
 #   ALLOW_LIST  the exact places a rule is allowed (default: ROOT/test/gpu/rules/allow.txt)
 #
 # Device paths: include/strata/core/cuda/, include/strata/*/kernels/, include/strata/comm/nccl/,
-# every *.cuh under include/ (the launchers), bench/gpu/. In them, after comments and string
-# literals are removed from each line:
+# include/strata/nn/device/ (the device twins), include/strata/train/device_trainer.hpp (the
+# device engine), every *.cuh under include/ (the launchers), bench/gpu/. In them, after
+# comments and string literals are removed from each line:
 #   host_sync      cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize: the host
 #                  waits only through cuda_context::synchronize (counted)
 #   sync_copy      synchronous cudaMemcpy( / cudaMemset( (and their 2D/3D/symbol/peer forms);
@@ -44,13 +45,15 @@ allow=${2:-$root/test/gpu/rules/allow.txt}
 
 mapfile -t code_files < <(
   {
-    for d in include/strata/core/cuda include/strata/comm/nccl bench/gpu; do
+    for d in include/strata/core/cuda include/strata/comm/nccl include/strata/nn/device bench/gpu; do
       [ -d "$root/$d" ] && find "$root/$d" -type f \( -name '*.hpp' -o -name '*.h' -o -name '*.cuh' \
         -o -name '*.cu' -o -name '*.cpp' \) -print
     done
     for d in "$root"/include/strata/*/kernels; do
       [ -d "$d" ] && find "$d" -type f \( -name '*.hpp' -o -name '*.cuh' -o -name '*.cu' \) -print
     done
+    [ -f "$root/include/strata/train/device_trainer.hpp" ] &&
+      echo "$root/include/strata/train/device_trainer.hpp"
     [ -d "$root/include" ] && find "$root/include" -type f -name '*.cuh' -print
   } | sort -u
 )
