@@ -81,9 +81,13 @@ st::engine::optimizer_factory<M> make_optimizer(bool adamw) {
   return st::engine::use<st::optim::sgd<M>>({.momentum = 0.9});
 }
 
+// The first step's learning rate (then lr / k); a test lowers it for the 16-bit AdamW lines,
+// where each step moves every parameter by about lr.
+double first_lr = 2e-2;
+
 st::trainer_options options(double clip) {
   st::trainer_options o;
-  o.lr = [](std::int64_t k) { return 2e-2 / static_cast<double>(k); };
+  o.lr = [lr = first_lr](std::int64_t k) { return lr / static_cast<double>(k); };
   o.seed = st::test::seed() + 11;
   o.clip = clip;
   return o;
@@ -340,6 +344,10 @@ TEST_CASE("device trainer: bf16 and fp16 against the f64 host reference", "[devi
   token_data const d(batch, seq, vocab, 3);
   for (bool adamw : {false, true}) {
     CAPTURE(adamw);
+    // AdamW moves each parameter by about lr a step whatever its gradient: at 2e-2 (the init's
+    // scale) bf16's 8-bit parameters take the trajectories 1.6e-2 apart in loss by step 5 on
+    // some seeds; 2e-3 is a usual AdamW rate.
+    first_lr = adamw ? 2e-3 : 2e-2;
     auto const b = run_device<float, st::plan<st::precision::bf16>>(adamw, 0.5, d);
     auto const bx = compare(b, run_host<double>(adamw, 0.5, d, steps, &b.p0));
     print(adamw ? "bf16 adamw vs f64" : "bf16 sgd vs f64", bx);
@@ -352,6 +360,7 @@ TEST_CASE("device trainer: bf16 and fp16 against the f64 host reference", "[devi
     CHECK(hx.loss <= 1e-2);
     CHECK(hx.grad <= 2e-2);
   }
+  first_lr = 2e-2;
 }
 
 TEST_CASE("device trainer: recompute full, every<2> and selective are bit for bit none",

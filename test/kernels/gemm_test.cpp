@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -440,4 +441,79 @@ TEST_CASE("the emulated GEMM counts its runs and refuses what it cannot run", "[
   ctx.synchronize(ctx.compute_stream(), "read C");
   CHECK(out[0] == 8.0f);
   CHECK(out[511] == 8.0f);
+}
+
+TEST_CASE("a 16-bit GEMM with an f32 output (wide_out) keeps the f32 accumulation",
+          "[kernels][gemm]") {
+  // Attention's scores for bf16 q and k (batched, B transposed): wide_out's C rounds to the
+  // bf16 GEMM's C bit for bit (the same f32 sums, not rounded), and is the f32 GEMM of the
+  // widened operands to f32 rounding (the host GEMM sums 16-bit operands in its own kernel and
+  // f32 ones through the BLAS, in another order).
+  std::size_t const m = 24, n = 24, k = 16, batch = 3;
+  stk::gemm_desc d;
+  d.type = st::dtype::bf16;
+  d.m = m;
+  d.n = n;
+  d.k = k;
+  d.trans_b = true;
+  d.batch = batch;
+  d.stride_a = m * k;
+  d.stride_b = n * k;
+  d.stride_c = m * n;
+  stk::gemm_desc wide = d;
+  wide.wide_out = true;
+  stk::gemm_desc f32 = d;
+  f32.type = st::dtype::f32;
+  auto const a = random_stored<st::bf16>(batch * m * k, 71);
+  auto const b = random_stored<st::bf16>(batch * n * k, 72);
+  std::vector<float> a32(a.size()), b32(b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a32[i] = st::element_cast<float>(a[i]);
+  for (std::size_t i = 0; i < b.size(); ++i)
+    b32[i] = st::element_cast<float>(b[i]);
+  st::emulated_context ctx;
+  auto run = [&]<class In, class Out>(stk::gemm_desc const& g, std::vector<In> const& x,
+                                      std::vector<In> const& y, Out) {
+    auto const plan = stk::make_gemm_plan(g);
+    CHECK(plan.c_element_bytes == sizeof(Out));
+    std::vector<Out> c(batch * m * n, nan_of<Out>());
+    auto const s = ctx.compute_stream();
+    In* dx = ctx.allocate<In>(st::memory_kind::activations, x.size());
+    In* dy = ctx.allocate<In>(st::memory_kind::activations, y.size());
+    Out* dc = ctx.allocate<Out>(st::memory_kind::activations, c.size());
+    ctx.copy_async(s, dx, x.data(), x.size() * sizeof(In));
+    ctx.copy_async(s, dy, y.data(), y.size() * sizeof(In));
+    ctx.copy_async(s, dc, c.data(), c.size() * sizeof(Out));
+    st::emulated_gemm(ctx, plan, {dx, dy, dc, nullptr, nullptr}).run(s);
+    ctx.copy_async(s, c.data(), dc, c.size() * sizeof(Out));
+    ctx.synchronize(s, "the GEMM's output");
+    return c;
+  };
+  auto const cw = run(wide, a, b, float{});
+  auto const c32 = run(f32, a32, b32, float{});
+  auto const c16 = run(d, a, b, st::bf16{});
+  double worst = 0;
+  for (std::size_t i = 0; i < cw.size(); ++i)
+    worst = std::max(worst, std::abs(double(cw[i]) - double(c32[i])) /
+                                std::max(1e-3, std::abs(double(c32[i]))));
+  CHECK(worst <= 1e-6);
+  auto narrow = [](std::vector<float> const& v) {
+    std::vector<st::bf16> r(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i)
+      r[i] = st::element_cast<st::bf16>(v[i]);
+    return r;
+  };
+  CHECK(stt::same_bits(narrow(cw), c16));
+  // A fault the comparison catches: one element off by 1/64 (beyond bf16's rounding).
+  auto off = cw;
+  off[5] = off[5] * (1.0f + 1.0f / 64.0f) + 1.0f / 64.0f;
+  CHECK_FALSE(stt::same_bits(narrow(off), c16));
+
+  stk::gemm_desc bad = f32;
+  bad.wide_out = true;
+  CHECK_THROWS_WITH(stk::make_gemm_plan(bad), Catch::Contains("leave wide_out off"));
+  bad = wide;
+  bad.batch = 1;
+  bad.epilogue = stk::gemm_epilogue::bias;
+  CHECK_THROWS_WITH(stk::make_gemm_plan(bad), Catch::Contains("wide_out takes no epilogue"));
 }

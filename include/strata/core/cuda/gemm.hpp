@@ -236,8 +236,9 @@ private:
       align_aux_ = detail::pointer_alignment(ops_.aux);
     }
 
-    auto const make_layout = [&](cublasLtMatrixLayout_t& l, kernels::lt_layout const& s) {
-      STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, s.rows, s.cols, s.ld));
+    auto const make_layout = [&](cublasLtMatrixLayout_t& l, kernels::lt_layout const& s,
+                                 cudaDataType_t t) {
+      STRATA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, t, s.rows, s.cols, s.ld));
       ++count.descriptor_creations;
       if (plan_.lt_batch > 1) {
         std::int32_t const batch = static_cast<std::int32_t>(plan_.lt_batch);
@@ -248,9 +249,9 @@ private:
             l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof(stride)));
       }
     };
-    make_layout(layout_a_, plan_.lt_a);
-    make_layout(layout_b_, plan_.lt_b);
-    make_layout(layout_c_, plan_.lt_c);
+    make_layout(layout_a_, plan_.lt_a, type);
+    make_layout(layout_b_, plan_.lt_b, type);
+    make_layout(layout_c_, plan_.lt_c, d.wide_out ? CUDA_R_32F : type); // f32 scores: wide_out
 
     // Alignments as bound now (cuBLASLt's A is the row-major B): the algorithm must work for
     // them, and later binds must keep them.

@@ -61,7 +61,8 @@ constexpr bool uses_aux(gemm_epilogue e) noexcept {
 /// epilogue. op(X) = X^T when trans_x. Every matrix is row-major with a leading dimension (the
 /// distance between rows, elements; 0 takes the packed value): A is stored (trans_a ? k x m :
 /// m x k), B (trans_b ? n x k : k x n), C and aux m x n. One element type for A, B, C, bias and
-/// aux; 16-bit types multiply with f32 accumulation, f32 in f32 (never TF32), f64 in f64.
+/// aux (but wide_out: C in f32 for 16-bit A and B); 16-bit types multiply with f32
+/// accumulation, f32 in f32 (never TF32), f64 in f64.
 /// batch > 1: `batch` GEMMs, matrix b at the base pointer + b * stride (elements; a stride of 0
 /// for A or B uses one matrix for every batch, as attention's broadcast operands do).
 struct gemm_desc {
@@ -75,6 +76,9 @@ struct gemm_desc {
   std::size_t ld_aux = 0;
   std::size_t batch = 1;
   std::size_t stride_a = 0, stride_b = 0, stride_c = 0;
+  /// C in f32 where A and B are 16-bit (f16, bf16): the product's f32 accumulation stored
+  /// without rounding to 16 bits (attention's scores). No epilogue, no accumulate.
+  bool wide_out = false;
 };
 
 /// The compute (accumulation) type of a GEMM.
@@ -109,8 +113,9 @@ struct lt_layout {
 struct gemm_plan {
   gemm_desc desc; ///< as given, leading dimensions and aux ld filled in
   gemm_compute compute = gemm_compute::f32;
-  std::size_t element_bytes = 0; ///< of the storage type
-  std::size_t bias_length = 0;   ///< elements read or written through the bias pointer (0: none)
+  std::size_t element_bytes = 0;   ///< of the storage type
+  std::size_t c_element_bytes = 0; ///< of C: the storage type's, or 4 (f32) with wide_out
+  std::size_t bias_length = 0;     ///< elements read or written through the bias pointer (0: none)
   std::size_t span_a = 0, span_b = 0, span_c = 0, span_aux = 0; ///< elements each pointer covers
   std::size_t alignment = 0; ///< bytes every operand pointer must be aligned to
 
@@ -254,6 +259,13 @@ inline gemm_plan make_gemm_plan(gemm_desc desc) {
   if (d.accumulate && (aux || d.epilogue == gemm_epilogue::dgelu_bgrad))
     gemm_fail(d, "accumulate (beta = 1) would add C inside the GELU or its gradient; write a "
                  "fresh output and add it with the residual kernel");
+  if (d.wide_out && !detail::is_16bit(d.type))
+    gemm_fail(d, "wide_out stores an f32 C for 16-bit A and B; with " +
+                     std::string(name_of(d.type)) + " operands C is " +
+                     std::string(name_of(d.type)) + " already: leave wide_out off");
+  if (d.wide_out && (d.epilogue != gemm_epilogue::none || d.accumulate))
+    gemm_fail(d, "wide_out takes no epilogue and no accumulate (C is f32, its bias and aux "
+                 "would be 16-bit): run them as their own kernels");
   if (d.epilogue == gemm_epilogue::bgrad && !d.trans_a)
     gemm_fail(d, "bgrad sums op(A) over k, which strata plans only with A transposed (dy "
                  "stored as k x m: rows x outputs, as the weight gradient dW = dy^T x has it); "
@@ -274,6 +286,7 @@ inline gemm_plan make_gemm_plan(gemm_desc desc) {
   p.desc = d;
   p.compute = d.type == dtype::f64 ? gemm_compute::f64 : gemm_compute::f32;
   p.element_bytes = size_of(d.type);
+  p.c_element_bytes = d.wide_out ? 4 : p.element_bytes;
   p.alignment = detail::is_16bit(d.type) ? 16 : p.element_bytes;
   switch (d.epilogue) {
   case gemm_epilogue::bias:

@@ -77,10 +77,16 @@ public:
       run_typed<double, double>();
       break;
     case dtype::f16:
-      run_typed<f16, float>();
+      if (plan_.desc.wide_out)
+        run_typed<f16, float, float>();
+      else
+        run_typed<f16, float>();
       break;
     case dtype::bf16:
-      run_typed<bf16, float>();
+      if (plan_.desc.wide_out)
+        run_typed<bf16, float, float>();
+      else
+        run_typed<bf16, float>();
       break;
     default:
       break; // make_gemm_plan admits no other type
@@ -93,7 +99,8 @@ public:
   }
 
 private:
-  template <class T, class C>
+  // T: A, B, bias and aux; TC: C (T, or f32 with wide_out); C: the compute type.
+  template <class T, class C, class TC = T>
   void run_typed() {
     using kernels::gemm_epilogue;
     kernels::gemm_desc const& d = plan_.desc;
@@ -123,14 +130,14 @@ private:
     for (std::size_t b = 0; b < d.batch; ++b) {
       T const* a = static_cast<T const*>(ops_.a) + b * d.stride_a;
       T const* bm = static_cast<T const*>(ops_.b) + b * d.stride_b;
-      T* c = static_cast<T*>(ops_.c) + b * d.stride_c;
+      TC* c = static_cast<TC*>(ops_.c) + b * d.stride_c;
       for (std::size_t r0 = 0; r0 < m; r0 += rows_per_block_) {
         std::size_t const rows = std::min(rows_per_block_, m - r0);
         nn::detail::gemm<C>(rows, n, k, a + r0 * rsa, rsa, csa, bm, rsb, csb, block, n, false);
         for (std::size_t r = 0; r < rows; ++r) {
           std::size_t const i = r0 + r;
           C const* pr = block + r * n;
-          T* cr = c + i * d.ldc;
+          TC* cr = c + i * d.ldc;
           T* xr = aux != nullptr ? aux + i * d.ld_aux : nullptr;
           for (std::size_t j = 0; j < n; ++j) {
             C v = alpha * pr[j];
@@ -139,25 +146,25 @@ private:
             switch (e) {
             case gemm_epilogue::none:
             case gemm_epilogue::bgrad:
-              cr[j] = from_compute_value<T>(v);
+              cr[j] = from_compute_value<TC>(v);
               break;
             case gemm_epilogue::bias:
-              cr[j] = from_compute_value<T>(v + to_compute_value<C>(bias[j]));
+              cr[j] = from_compute_value<TC>(v + to_compute_value<C>(bias[j]));
               break;
             case gemm_epilogue::gelu_aux_bias:
               v += to_compute_value<C>(bias[j]);
               [[fallthrough]];
             case gemm_epilogue::gelu_aux:
               xr[j] = from_compute_value<T>(v);
-              cr[j] = from_compute_value<T>(kernels::gelu_tanh(v));
+              cr[j] = from_compute_value<TC>(kernels::gelu_tanh(v));
               break;
             case gemm_epilogue::dgelu:
               cr[j] =
-                  from_compute_value<T>(v * kernels::gelu_tanh_grad(to_compute_value<C>(xr[j])));
+                  from_compute_value<TC>(v * kernels::gelu_tanh_grad(to_compute_value<C>(xr[j])));
               break;
             case gemm_epilogue::dgelu_bgrad: {
               C const g = v * kernels::gelu_tanh_grad(to_compute_value<C>(xr[j]));
-              cr[j] = from_compute_value<T>(g);
+              cr[j] = from_compute_value<TC>(g);
               colsum[j] += g;
               break;
             }

@@ -336,11 +336,12 @@ public:
     return s;
   }
   struct scratch {
-    T* qkv; // forward: the projection's output; backward: dqkv
-    T* y;   // forward: the heads' outputs; backward: their gradient
-    T* dp;  // backward: dP, then dS in place
-    T* p;   // selective recompute: the probabilities, made in forward and again in backward
-    T* dq;  // backward
+    T* qkv;  // forward: the projection's output; backward: dqkv
+    T* y;    // forward: the heads' outputs; backward: their gradient
+    T* dp;   // backward: dP, then dS in place
+    T* p;    // selective recompute: the probabilities, made in forward and again in backward
+    C* wide; // 16-bit T: the scores (forward) and dP (backward) in f32, as the GEMMs give them
+    T* dq;   // backward
     T* dk;
     T* dv;
     std::byte* lin; // the linears' scratch
@@ -353,6 +354,7 @@ public:
     s.y = c.template take<T>(rows * d_);
     s.dp = c.template take<T>(batch * heads_ * seq * seq);
     s.p = selective_ ? c.template take<T>(batch * heads_ * seq * seq) : nullptr;
+    s.wide = wide ? c.template take<C>(batch * heads_ * seq * seq) : nullptr;
     s.dq = c.template take<T>(rows * d_);
     s.dk = c.template take<T>(rows * d_);
     s.dv = c.template take<T>(rows * d_);
@@ -368,7 +370,7 @@ public:
     launch_elements(ctx, st, rows * 3 * d_,
                     nn::kernels::attention_split_qkv<T>{sc.qkv, sv.q, sv.k, sv.v, S, H, hd});
     T* const p = selective_ ? sc.p : sv.p;
-    probabilities(ctx, c, sv, p);
+    probabilities(ctx, c, sv, sc, p);
     strata::kernels::gemm_desc o;
     o.type = dtype_of<T>();
     o.m = S;
@@ -390,7 +392,7 @@ public:
     std::size_t const B = c.batch, S = c.seq, H = heads_, hd = d_ / heads_, rows = B * S;
     T* const p = selective_ ? sc.p : sv.p;
     if (selective_) // the forward's probabilities again, bit for bit, from the kept q and k
-      probabilities(ctx, c, sv, p);
+      probabilities(ctx, c, sv, sc, p);
     T* dmerged = sc.dq; // [rows, d] before the heads' permute (dq is free until dS K)
     proj_.backward(ctx, rows, sv.merged, dout, dmerged, sc.lin);
     launch_elements(ctx, st, rows * d_,
@@ -406,7 +408,9 @@ public:
     dp.stride_a = S * hd;
     dp.stride_b = S * hd;
     dp.stride_c = S * S;
-    dp_.run(ctx, st, dp, {sc.y, sv.v, sc.dp, nullptr, nullptr});
+    dp.wide_out = wide;
+    dp_.run(ctx, st, dp,
+            {sc.y, sv.v, wide ? static_cast<void*>(sc.wide) : sc.dp, nullptr, nullptr});
     // dV = P^T dY
     strata::kernels::gemm_desc dv;
     dv.type = dtype_of<T>();
@@ -419,9 +423,14 @@ public:
     dv.stride_b = S * hd;
     dv.stride_c = S * hd;
     dv_.run(ctx, st, dv, {p, sc.y, sc.dv, nullptr, nullptr});
-    launch_rows(ctx, st, B * H * S, lanes_for(S),
-                nn::kernels::causal_softmax_backward<T>{p, sc.dp, sc.dp, S,
-                                                        nn::kernels::attention_scale<C>(hd)});
+    if constexpr (wide)
+      launch_rows(ctx, st, B * H * S, lanes_for(S),
+                  nn::kernels::causal_softmax_backward<T, C, 256, C>{
+                      p, sc.wide, sc.dp, S, nn::kernels::attention_scale<C>(hd)});
+    else
+      launch_rows(ctx, st, B * H * S, lanes_for(S),
+                  nn::kernels::causal_softmax_backward<T>{p, sc.dp, sc.dp, S,
+                                                          nn::kernels::attention_scale<C>(hd)});
     // dQ = dS K, dK = dS^T Q
     strata::kernels::gemm_desc dq;
     dq.type = dtype_of<T>();
@@ -447,7 +456,7 @@ public:
 
 private:
   // The causal softmax of the scaled scores q k^T into p (B, H, T, T).
-  void probabilities(Ctx& ctx, call const& c, saved const& sv, T* p) {
+  void probabilities(Ctx& ctx, call const& c, saved const& sv, scratch const& sc, T* p) {
     auto const st = ctx.compute_stream();
     std::size_t const B = c.batch, S = c.seq, H = heads_, hd = d_ / heads_;
     strata::kernels::gemm_desc d;
@@ -460,12 +469,22 @@ private:
     d.stride_a = S * hd;
     d.stride_b = S * hd;
     d.stride_c = S * S;
-    scores_.run(ctx, st, d, {sv.q, sv.k, p, nullptr, nullptr});
-    launch_rows(
-        ctx, st, B * H * S, lanes_for(S),
-        nn::kernels::causal_softmax_forward<T>{p, p, S, nn::kernels::attention_scale<C>(hd)});
+    d.wide_out = wide;
+    if constexpr (wide) { // the scores in f32, the probabilities in T
+      scores_.run(ctx, st, d, {sv.q, sv.k, sc.wide, nullptr, nullptr});
+      launch_rows(ctx, st, B * H * S, lanes_for(S),
+                  nn::kernels::causal_softmax_forward<T, C, 256, C>{
+                      sc.wide, p, S, nn::kernels::attention_scale<C>(hd)});
+    } else {
+      scores_.run(ctx, st, d, {sv.q, sv.k, p, nullptr, nullptr});
+      launch_rows(
+          ctx, st, B * H * S, lanes_for(S),
+          nn::kernels::causal_softmax_forward<T>{p, p, S, nn::kernels::attention_scale<C>(hd)});
+    }
   }
 
+  // 16-bit storage: the scores and dP leave their GEMMs in f32 (wide_out), the softmax reads them.
+  static constexpr bool wide = !std::is_same_v<T, C>;
   linear_ops<T, Ctx> qkv_, proj_;
   std::size_t d_, heads_;
   bool selective_ = false;

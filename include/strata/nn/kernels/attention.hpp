@@ -49,18 +49,19 @@ STRATA_HD_INLINE C attention_scale(std::size_t hd) {
 /// of width T). s and p point at the tensor's row first_row (0: the whole tensor), so launch
 /// row r is query position t = (first_row + r) % T: a launch may cover a part of the rows. p
 /// may be s (in place: every element is read in the reductions and then read once more by the
-/// lane that writes it). S: the slots of the row sum (a power of two <= 1024).
-template <class T, class C = compute_t<T>, unsigned S = 256>
+/// lane that writes it). S: the slots of the row sum (a power of two <= 1024). TS: the scores'
+/// type (f32 scores of 16-bit q and k: a GEMM with a wide output), T the probabilities'.
+template <class T, class C = compute_t<T>, unsigned S = 256, class TS = T>
 struct causal_softmax_forward {
-  T const* s; // the unscaled scores q k^T
-  T* p;       // the probabilities, 0 above the diagonal
+  TS const* s; // the unscaled scores q k^T
+  T* p;        // the probabilities, 0 above the diagonal
   std::size_t seq;
   C scale;
   std::size_t first_row = 0; // the tensor's row that s[0] and p[0] start
 
   template <class Team>
   STRATA_HD void operator()(Team& team, std::size_t row) const {
-    T const* sr = s + row * seq;
+    TS const* sr = s + row * seq;
     T* pr = p + row * seq;
     std::size_t const last = (first_row + row) % seq; // keys j <= last are seen
     C const sc = scale;
@@ -88,11 +89,11 @@ struct causal_softmax_forward {
 /// The causal softmax's backward, one row a call (as the forward, first_row likewise): from the
 /// probabilities p and their gradient dp (with dropout: already through the mask), the unscaled
 /// scores' gradient ds. ds may be dp (each element reads its own dp before writing it, after the
-/// row sum).
-template <class T, class C = compute_t<T>, unsigned S = 256>
+/// row sum). TD: dp's type (f32 from a GEMM with a wide output, for 16-bit T).
+template <class T, class C = compute_t<T>, unsigned S = 256, class TD = T>
 struct causal_softmax_backward {
   T const* p;
-  T const* dp;
+  TD const* dp;
   T* ds;
   std::size_t seq;
   C scale;
@@ -101,7 +102,7 @@ struct causal_softmax_backward {
   template <class Team>
   STRATA_HD void operator()(Team& team, std::size_t row) const {
     T const* pr = p + row * seq;
-    T const* dpr = dp + row * seq;
+    TD const* dpr = dp + row * seq;
     T* dsr = ds + row * seq;
     std::size_t const last = (first_row + row) % seq;
     C const sc = scale;
