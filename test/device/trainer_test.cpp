@@ -67,6 +67,10 @@ struct token_data {
 
 constexpr std::size_t vocab = 64, seq = 16, batch = 4, steps = 5;
 
+st::models::gpt_config small_gpt();
+/// The model the run helpers build (a test changes it and restores small_gpt()).
+st::models::gpt_config model_config = small_gpt();
+
 st::models::gpt_config small_gpt() {
   return {.vocab = vocab, .seq = seq, .features = 32, .heads = 4, .layers = 2};
 }
@@ -107,7 +111,7 @@ std::vector<double> widened(std::span<U const> s) {
 template <class T, class Plan = st::plan<>>
 record run_host(bool adamw, double clip, token_data const& d, std::size_t n = steps,
                 tensors const* start = nullptr) {
-  st::models::gpt_model<T> m{small_gpt()};
+  st::models::gpt_model<T> m{model_config};
   st::trainer<st::models::gpt_model<T>, Plan> t(m, make_optimizer<st::compute_t<T>>(adamw),
                                                 options(clip));
   using E = typename decltype(t)::value_type;
@@ -140,7 +144,7 @@ record run_host(bool adamw, double clip, token_data const& d, std::size_t n = st
 template <class T, class Plan = st::plan<>>
 record run_device(bool adamw, double clip, token_data const& d, std::size_t n = steps,
                   std::function<void(st::engine::program&)> edit = {}) {
-  st::models::gpt_model<T> m{small_gpt()};
+  st::models::gpt_model<T> m{model_config};
   st::trainer<st::models::gpt_model<T>, Plan, st::cuda_emulated> t(
       m, make_optimizer<st::compute_t<T>>(adamw), options(clip),
       {.sequences = d.sequences, .seq = d.seq, .loss_mask = !d.mask.empty()});
@@ -178,12 +182,6 @@ double diff2(std::vector<double> const& a, std::vector<double> const& b) {
     s += (a[i] - b[i]) * (a[i] - b[i]);
   return std::sqrt(s);
 }
-double max_abs_diff(std::vector<double> const& a, std::vector<double> const& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
 
 /// The largest deviations of a run from the reference, in the contract's measures.
 struct deviation {
@@ -211,16 +209,41 @@ deviation compare(record const& r, record const& ref, bool verbose = false) {
     d.grad = std::max(d.grad, e);
   }
   for (auto const& [name, p] : ref.p) {
-    std::vector<double> moved(p.size());
-    for (std::size_t i = 0; i < p.size(); ++i)
-      moved[i] = p[i] - ref.p0.at(name)[i];
-    double const m2 = norm2(moved), minf = max_abs_diff(p, ref.p0.at(name));
+    // Relative to how far the tensor moved, floored at one ulp an element (f32 for the L2
+    // measure, f64 for the inf-norm one), as the parity harness: a layer-norm gain near 1 that
+    // moved a few hundred ulps would otherwise turn one rounding into a large fraction.
+    double m2 = 0, d2 = 0, minf = 0, dinf = 0, ulp2 = 0, ulpi = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      double const mv = p[i] - ref.p0.at(name)[i], dv = r.p.at(name)[i] - p[i];
+      m2 += mv * mv;
+      d2 += dv * dv;
+      minf = std::max(minf, std::abs(mv));
+      dinf = std::max(dinf, std::abs(dv));
+      float const f = static_cast<float>(p[i]);
+      double const u = double(std::nextafter(f, std::numeric_limits<float>::infinity())) - f;
+      ulp2 += u * u;
+      ulpi = std::max(ulpi, std::abs(std::nextafter(p[i], 1e300) - p[i]));
+    }
     if (m2 > 0) {
-      d.param = std::max(d.param, diff2(r.p.at(name), p) / m2);
-      d.param_inf = std::max(d.param_inf, max_abs_diff(r.p.at(name), p) / minf);
+      d.param = std::max(d.param, std::sqrt(d2) / std::max(std::sqrt(m2), std::sqrt(ulp2) / 1e-4));
+      d.param_inf = std::max(d.param_inf, dinf / std::max(minf, ulpi / 1e-9));
     }
   }
   return d;
+}
+
+/// The f32 contract's tolerances for a run against `ref`, widened as the parity harness widens
+/// them (test/support/parity.hpp, sensitivity_factor; docs/testing.md, "a sensitive seed") to 16
+/// times what a mere reordering of the reference's sums moves it (`reordered`: the same run at
+/// 2 micro-batches): a trajectory through momentum and the clip amplifies rounding on some seeds.
+struct f32_tolerance {
+  double loss, param;
+};
+f32_tolerance widened_tolerance(record const& reordered, record const& ref) {
+  auto const s = compare(reordered, ref);
+  std::printf("  (the reference's own sensitivity at 2 micro-batches: loss %.3g, param %.3g)\n",
+              s.loss, s.param);
+  return {std::max(1e-5, 16 * s.loss), std::max(1e-4, 16 * s.param)};
 }
 
 void print(char const* what, deviation const& d) {
@@ -251,9 +274,11 @@ TEST_CASE("device trainer: f64 and f32 meet the parity contract against the host
         CHECK(dev.p0 == host.p0);
         auto const x = compare(dev, host);
         print(adamw ? "f32 adamw" : "f32 sgd(momentum 0.9)", x);
-        CHECK(x.loss <= 1e-5);
+        auto const tol = widened_tolerance(
+            run_host<float, st::plan<st::micro_batches<2>>>(adamw, clip, d), host);
+        CHECK(x.loss <= tol.loss);
         CHECK(x.grad <= 1e-5);
-        CHECK(x.param <= 1e-4);
+        CHECK(x.param <= tol.param);
       }
     }
   }
@@ -271,71 +296,66 @@ TEST_CASE("device trainer: micro-batches, ignore-index targets and a loss mask m
   auto const host = run_host<float, plan>(true, 0.5, d);
   auto const x = compare(dev, host);
   print("f32 adamw, 2 micro-batches, mask, ignore", x);
-  CHECK(x.loss <= 1e-5);
+  auto const tol =
+      widened_tolerance(run_host<float, st::plan<st::micro_batches<4>>>(true, 0.5, d), host);
+  CHECK(x.loss <= tol.loss);
   CHECK(x.grad <= 1e-5);
-  CHECK(x.param <= 1e-4);
+  CHECK(x.param <= tol.param);
+}
+
+/// f32 AdamW with clipping on model_config against the host trainer, in the contract's measures
+/// (tolerances widened to the reference's own sensitivity).
+void check_f32_line(char const* what, token_data const& d) {
+  auto const dev = run_device<float>(true, 0.5, d);
+  auto const host = run_host<float>(true, 0.5, d);
+  CHECK(dev.p0 == host.p0);
+  auto const x = compare(dev, host);
+  print(what, x);
+  auto const tol =
+      widened_tolerance(run_host<float, st::plan<st::micro_batches<2>>>(true, 0.5, d), host);
+  CHECK(x.loss <= tol.loss);
+  CHECK(x.grad <= 1e-5);
+  CHECK(x.param <= tol.param);
 }
 
 TEST_CASE("device trainer: dropout on the embedding and the residual branches matches the host",
           "[device][parity]") {
   token_data const d(batch, seq, vocab, 10);
-  auto cfg = small_gpt();
-  cfg.dropout = 0.2;
-  cfg.embd_dropout = 0.1;
-  auto run = [&](auto* tag) {
-    using D = std::remove_pointer_t<decltype(tag)>;
-    st::models::gpt_model<float> m{cfg};
-    std::vector<double> losses;
-    if constexpr (std::is_same_v<D, st::host>) {
-      st::trainer<st::models::gpt_model<float>> t(m, make_optimizer<float>(true), options(0.5));
-      for (std::size_t k = 0; k < steps; ++k)
-        losses.push_back(t.step(d.view<float>()).loss);
-    } else {
-      st::trainer<st::models::gpt_model<float>, st::plan<>, D> t(
-          m, make_optimizer<float>(true), options(0.5), {.sequences = batch, .seq = seq});
-      for (std::size_t k = 0; k < steps; ++k)
-        losses.push_back(t.step(d.view<float>()).loss);
-      CHECK(t.evaluate(d.view<float>()) > 0); // dropout off: another value than training's
-    }
-    return losses;
-  };
-  auto const dev = run(static_cast<st::cuda_emulated*>(nullptr));
-  auto const host = run(static_cast<st::host*>(nullptr));
-  for (std::size_t k = 0; k < steps; ++k)
-    CHECK(std::abs(dev[k] - host[k]) <= 1e-5 * std::abs(host[k]));
-  std::printf("dropout: step %zu loss device %.9g host %.9g\n", steps, dev.back(), host.back());
+  model_config.dropout = 0.2;
+  model_config.embd_dropout = 0.1;
+  check_f32_line("f32 adamw, dropout 0.2 and embedding 0.1", d);
+  {
+    st::models::gpt_model<float> m{model_config};
+    st::trainer<st::models::gpt_model<float>, st::plan<>, st::cuda_emulated> t(
+        m, make_optimizer<float>(true), options(0.5), {.sequences = batch, .seq = seq});
+    double const train = t.step(d.view<float>()).loss;
+    double const eval = t.evaluate(d.view<float>());
+    st::models::gpt_model<float> hm{model_config};
+    st::trainer<st::models::gpt_model<float>> h(hm, make_optimizer<float>(true), options(0.5));
+    (void)h.step(d.view<float>());
+    double const host_eval = h.evaluate(d.view<float>());
+    CHECK(eval != train); // dropout off in evaluation
+    CHECK(std::abs(eval - host_eval) <= 1e-5 * std::abs(host_eval));
+  }
+  model_config = small_gpt();
 }
 
 TEST_CASE("device trainer: tied embeddings match the host", "[device][parity]") {
   token_data const d(batch, seq, vocab, 11);
-  auto cfg = small_gpt();
-  cfg.tie_embeddings = true;
-  st::models::gpt_model<float> m{cfg};
-  st::trainer<st::models::gpt_model<float>> host(m, make_optimizer<float>(true), options(0.5));
-  st::trainer<st::models::gpt_model<float>, st::plan<>, st::cuda_emulated> dev(
-      m, make_optimizer<float>(true), options(0.5), {.sequences = batch, .seq = seq});
-  for (std::size_t k = 0; k < steps; ++k) {
-    auto const a = dev.step(d.view<float>()), h = host.step(d.view<float>());
-    CHECK(std::abs(a.loss - h.loss) <= 1e-5 * std::abs(h.loss));
-    CHECK(std::abs(a.grad_norm - h.grad_norm) <= 1e-5 * h.grad_norm);
+  model_config.tie_embeddings = true;
+  check_f32_line("f32 adamw, tied embeddings", d);
+  {
+    st::models::gpt_model<float> m{model_config};
+    st::trainer<st::models::gpt_model<float>, st::plan<>, st::cuda_emulated> t(
+        m, make_optimizer<float>(true), options(0.5), {.sequences = batch, .seq = seq});
+    for (std::size_t k = 0; k < 3; ++k)
+      (void)t.step(d.view<float>());
+    t.read_back();
+    // The two members stay one tensor, bit for bit.
+    CHECK(widened<float>(t.values_of("embed.wte.weight")) ==
+          widened<float>(t.values_of("head.weight")));
   }
-  dev.read_back();
-  auto const wte = widened<float>(dev.values_of("embed.wte.weight"));
-  CHECK(wte == widened<float>(dev.values_of("head.weight"))); // the members stay one tensor
-  auto const ref =
-      widened<float>(std::span<float const>(host.find_parameter("embed.wte.weight")->values()));
-  std::vector<double> moved(ref.size());
-  double m2 = 0, e2 = 0;
-  auto const p0 = [&] {
-    st::trainer<st::models::gpt_model<float>> fresh(m, make_optimizer<float>(true), options(0.5));
-    return widened<float>(
-        std::span<float const>(fresh.find_parameter("embed.wte.weight")->values()));
-  }();
-  for (std::size_t i = 0; i < ref.size(); ++i) {
-    m2 += (ref[i] - p0[i]) * (ref[i] - p0[i]);
-    e2 += (wte[i] - ref[i]) * (wte[i] - ref[i]);
-  }
-  CHECK(std::sqrt(e2 / m2) <= 1e-4);
+  model_config = small_gpt();
 }
 
 TEST_CASE("device trainer: bf16 and fp16 against the f64 host reference", "[device][parity]") {
