@@ -53,7 +53,9 @@ using context_for_t = typename context_for<Device>::type;
 /// Whether Device is a device with an execution context (cuda, cuda_emulated), on which the
 /// trainer runs the device engine (train/device_trainer.hpp).
 template <class Device>
-concept context_device = requires { typename context_for<Device>::type; };
+concept context_device = requires {
+  typename context_for<Device>::type;
+};
 
 /// A per-rank device execution context: a device, a compute and a communication stream (both
 /// non-blocking, never the legacy default stream), a pool of ordering events, memory

@@ -29,8 +29,8 @@
 #include <strata/policy/accumulate_pass.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute_pass.hpp>
-#include <strata/train/predict.hpp>
 #include <strata/train/options.hpp>
+#include <strata/train/predict.hpp>
 #include <strata/train/trainer_fwd.hpp>
 
 #include <algorithm>
