@@ -77,7 +77,8 @@ double diff_inf(std::vector<double> const& a, std::vector<double> const& b) {
 /// reference.
 gt::record run_host_f64(bool adamw, gt::token_data const& d, gt::tensors const& init) {
   st::models::gpt_model<double> m{gt::config()};
-  st::trainer<st::models::gpt_model<double>> t(m, gt::make_optimizer<double>(adamw), gt::options());
+  st::trainer<st::models::gpt_model<double>> t(m, gt::make_optimizer<double>(adamw),
+                                               gt::options(adamw));
   gt::record r;
   t.for_each_parameter([&](auto& p) {
     auto const& v = init.at(p.name());
@@ -218,14 +219,21 @@ void run_checks() {
                   n.c_str());
 
     auto const f = compare(gpu, ref, noise);
-    check(f.loss <= 1e-5, std::string(opt) + ": cuda f32 vs host f64 losses, max relative " +
-                              num(f.loss) + " (<= 1e-5)");
+    // The f32 tolerances widen, as the parity harness's, to 16 times what the emulated device's
+    // f32 itself moves from f64 on this seed (momentum and the clip amplify rounding on some).
+    auto const e = compare(emu, ref, noise);
+    std::printf("  (emulated f32 vs host f64: loss %s, grad %s, param %s)\n", num(e.loss).c_str(),
+                num(e.grad).c_str(), num(e.param).c_str());
+    double const loss_tol = std::max(1e-5, 16 * e.loss), param_tol = std::max(1e-4, 16 * e.param);
+    check(f.loss <= loss_tol, std::string(opt) + ": cuda f32 vs host f64 losses, max relative " +
+                                  num(f.loss) + " (<= " + num(loss_tol) + ")");
     check(f.grad <= 1e-5,
           std::string(opt) + ": cuda f32 vs host f64 first gradients, max per-tensor relative L2 " +
               num(f.grad) + " at " + f.grad_at + " (<= 1e-5)");
-    check(f.param <= 1e-4, std::string(opt) + ": cuda f32 vs host f64 parameters after " +
-                               std::to_string(gt::steps) + " steps, max ||dp||2/||p_ref-p0||2 " +
-                               num(f.param) + " at " + f.param_at + " (<= 1e-4)");
+    check(f.param <= param_tol, std::string(opt) + ": cuda f32 vs host f64 parameters after " +
+                                    std::to_string(gt::steps) +
+                                    " steps, max ||dp||2/||p_ref-p0||2 " + num(f.param) + " at " +
+                                    f.param_at + " (<= " + num(param_tol) + ")");
     check(f.noise_move <= 1e-4, std::string(opt) +
                                     ": cuda f32 zero-gradient tensors' largest movement " +
                                     num(f.noise_move) + " (<= 1e-4 absolute)");
@@ -243,10 +251,6 @@ void run_checks() {
       ge = std::max(ge, std::abs(gpu.losses[k] - emu.losses[k]) / std::abs(emu.losses[k]));
     check(ge <= 1e-5, std::string(opt) + ": cuda f32 vs emulated f32 step losses, max relative " +
                           num(ge) + " (<= 1e-5)");
-    auto const e = compare(emu, ref, noise);
-    std::printf("  (emulated f32 vs host f64: loss %s, grad %s, param %s)\n", num(e.loss).c_str(),
-                num(e.grad).c_str(), num(e.param).c_str());
-
     check_counters((std::string(opt) + " cuda f32").c_str(), gpu);
     check_counters((std::string(opt) + " cuda bf16").c_str(), b16);
   }
