@@ -51,7 +51,9 @@ template <class Ctx>
 struct doubler_twin final : st::nn::device::node<float, Ctx> {
   explicit doubler_twin(doubler&& l) : layer(std::move(l)) {}
   std::string_view name() const noexcept override { return layer.name(); }
-  st::engine::node_kind kind() const noexcept override { return st::engine::node_kind::hidden; }
+  st::nn::device::layer_kind kind() const noexcept override {
+    return st::nn::device::layer_kind::hidden;
+  }
   std::size_t in_features() const noexcept override { return 8; }
   std::size_t out_features() const noexcept override { return 8; }
   void for_each_parameter(typename st::nn::device::node<float, Ctx>::parameter_fn const&) override {

@@ -79,7 +79,7 @@ public:
 
   struct layer_info {
     std::string name;
-    node_kind kind;
+    nn::device::layer_kind kind;
     std::size_t in, out, parameters;
   };
 
@@ -442,7 +442,7 @@ private:
                          std::to_string(loss_->in_features()) + " classes but the last layer \"" +
                          info_.back().name + "\" gives " + std::to_string(info_.back().out));
     for (std::size_t i = 1; i < info_.size(); ++i)
-      if (info_[i].kind == engine::node_kind::input)
+      if (info_[i].kind == nn::device::layer_kind::input)
         throw config_error("strata: layer \"" + info_[i].name +
                            "\" reads token ids but is not "
                            "the first layer");
@@ -453,7 +453,7 @@ private:
     if constexpr (every > 0) {
       std::size_t h = 0;
       for (std::size_t l = 0; l < n; ++l)
-        if (info_[l].kind == engine::node_kind::hidden)
+        if (info_[l].kind == nn::device::layer_kind::hidden)
           recompute_[l] = h++ % every == 0;
     }
     std::vector<engine::chunk_layers> chunks{{0, static_cast<std::uint32_t>(n - 1), true}};
@@ -469,7 +469,7 @@ private:
   }
 
   std::size_t rows_total() const noexcept { return device_.sequences * device_.seq; }
-  bool features_input() const noexcept { return info_[0].kind == engine::node_kind::hidden; }
+  bool features_input() const noexcept { return info_[0].kind == nn::device::layer_kind::hidden; }
 
   void make_context() {
     device_context_options o = device_.context;
@@ -744,7 +744,7 @@ private:
       case engine::op_code::forward: {
         std::size_t const l = o.layer;
         auto const k = make_call(o, training);
-        if (info_[l].kind == engine::node_kind::input)
+        if (info_[l].kind == nn::device::layer_kind::input)
           nodes_[l]->forward_ids(c, k, tokens_ + o.micro_batch * rows_, out_of(l, o.slot),
                                  saved_of(l, o.slot), scratch_);
         else
@@ -769,7 +769,7 @@ private:
         std::size_t const l = o.layer;
         auto const k = make_call(o, training);
         T const* dy = dout_[l % 2];
-        if (info_[l].kind == engine::node_kind::input) {
+        if (info_[l].kind == nn::device::layer_kind::input) {
           nodes_[l]->backward_ids(c, k, tokens_ + o.micro_batch * rows_, saved_of(l, o.slot), dy,
                                   scratch_);
         } else {

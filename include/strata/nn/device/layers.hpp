@@ -545,13 +545,13 @@ private:
 };
 
 /// The shared part of every twin: the host layer it keeps, its name and parameters.
-template <class L, class Ctx, engine::node_kind K>
+template <class L, class Ctx, layer_kind K>
 class twin_base : public node<typename L::value_type, Ctx> {
 public:
   using T = typename L::value_type;
   explicit twin_base(L&& l) : layer_(std::move(l)) {}
   std::string_view name() const noexcept override { return layer_.name(); }
-  engine::node_kind kind() const noexcept override { return K; }
+  layer_kind kind() const noexcept override { return K; }
   void for_each_parameter(typename node<T, Ctx>::parameter_fn const& f) override {
     layer_.for_each_parameter(f);
   }
@@ -565,8 +565,8 @@ protected:
 
 /// linear (plain, or a column or row split at tp = 1).
 template <class L, class Ctx>
-class linear_twin final : public detail::twin_base<L, Ctx, engine::node_kind::hidden> {
-  using base = detail::twin_base<L, Ctx, engine::node_kind::hidden>;
+class linear_twin final : public detail::twin_base<L, Ctx, layer_kind::hidden> {
+  using base = detail::twin_base<L, Ctx, layer_kind::hidden>;
   using T = typename base::T;
 
 public:
@@ -595,8 +595,8 @@ private:
 
 /// An activation layer (gelu, gelu_erf, relu, activation): nothing saved (backward reads x).
 template <class L, class Ctx>
-class activation_twin : public detail::twin_base<L, Ctx, engine::node_kind::hidden> {
-  using base = detail::twin_base<L, Ctx, engine::node_kind::hidden>;
+class activation_twin : public detail::twin_base<L, Ctx, layer_kind::hidden> {
+  using base = detail::twin_base<L, Ctx, layer_kind::hidden>;
   using T = typename base::T;
 
 public:
@@ -618,8 +618,8 @@ private:
 
 /// nn::dropout: the keep mask saved.
 template <class L, class Ctx>
-class dropout_twin final : public detail::twin_base<L, Ctx, engine::node_kind::hidden> {
-  using base = detail::twin_base<L, Ctx, engine::node_kind::hidden>;
+class dropout_twin final : public detail::twin_base<L, Ctx, layer_kind::hidden> {
+  using base = detail::twin_base<L, Ctx, layer_kind::hidden>;
   using T = typename base::T;
 
 public:
@@ -649,8 +649,8 @@ private:
 
 /// layer_norm: the rows' mean and rstd saved.
 template <class L, class Ctx>
-class layer_norm_twin final : public detail::twin_base<L, Ctx, engine::node_kind::hidden> {
-  using base = detail::twin_base<L, Ctx, engine::node_kind::hidden>;
+class layer_norm_twin final : public detail::twin_base<L, Ctx, layer_kind::hidden> {
+  using base = detail::twin_base<L, Ctx, layer_kind::hidden>;
   using T = typename base::T;
   using C = compute_t<T>;
 
@@ -684,8 +684,8 @@ private:
 
 /// The token + position embedding (plain, or the vocabulary split at tp = 1), with its dropout.
 template <class L, class Ctx>
-class embedding_twin final : public detail::twin_base<L, Ctx, engine::node_kind::input> {
-  using base = detail::twin_base<L, Ctx, engine::node_kind::input>;
+class embedding_twin final : public detail::twin_base<L, Ctx, layer_kind::input> {
+  using base = detail::twin_base<L, Ctx, layer_kind::input>;
   using T = typename base::T;
 
 public:
@@ -747,8 +747,8 @@ private:
 
 /// GPT-2's pre-LN transformer block: x1 = x + drop(attn(ln1(x))), y = x1 + drop(mlp(ln2(x1))).
 template <class L, class Ctx>
-class transformer_block_twin final : public detail::twin_base<L, Ctx, engine::node_kind::hidden> {
-  using base = detail::twin_base<L, Ctx, engine::node_kind::hidden>;
+class transformer_block_twin final : public detail::twin_base<L, Ctx, layer_kind::hidden> {
+  using base = detail::twin_base<L, Ctx, layer_kind::hidden>;
   using T = typename base::T;
   using C = compute_t<T>;
 
@@ -877,8 +877,8 @@ private:
 /// The softmax cross-entropy (plain, or the vocabulary split at tp = 1): the fused loss and
 /// logits gradient, the normaliser, the micro-batch's loss.
 template <class L, class Ctx>
-class cross_entropy_twin final : public detail::twin_base<L, Ctx, engine::node_kind::loss> {
-  using base = detail::twin_base<L, Ctx, engine::node_kind::loss>;
+class cross_entropy_twin final : public detail::twin_base<L, Ctx, layer_kind::loss> {
+  using base = detail::twin_base<L, Ctx, layer_kind::loss>;
   using T = typename base::T;
   using C = compute_t<T>;
 

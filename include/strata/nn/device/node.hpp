@@ -6,7 +6,7 @@
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/core/kernels/gemm_plan.hpp>
-#include <strata/engine/node.hpp>
+#include <strata/nn/context.hpp>
 #include <strata/nn/parameter.hpp>
 
 #include <cstddef>
@@ -20,6 +20,11 @@
 #include <utility>
 
 namespace strata::nn::device {
+
+/// Where a twin sits in the model (the engine's node_kind, which nn/ may not include): the input
+/// layer reads token ids (an embedding), hidden layers map activations to activations, the loss
+/// maps the last activations and the targets to a number.
+enum class layer_kind : std::uint8_t { input, hidden, loss };
 
 /// What one forward or backward call on a device needs beyond its tensors: the host layer's
 /// layer_context, less what a device run does not have (tensor-parallel groups, scratch).
@@ -106,7 +111,7 @@ public:
 
   virtual ~node() = default;
   virtual std::string_view name() const noexcept = 0;
-  virtual engine::node_kind kind() const noexcept = 0;
+  virtual layer_kind kind() const noexcept = 0;
   virtual std::size_t in_features() const noexcept = 0;
   virtual std::size_t out_features() const noexcept = 0;
   virtual void for_each_parameter(parameter_fn const& f) = 0;
