@@ -308,13 +308,9 @@ public:
       : qkv_(&a.qkv_weight(), &a.qkv_bias(), a.in_features(), 3 * a.in_features()),
         proj_(&a.proj().weight(), a.proj().has_bias() ? &a.proj().bias() : nullptr, a.in_features(),
               a.in_features()),
-        d_(a.in_features()), heads_(a.heads()) {
+        d_(a.in_features()), heads_(a.heads()), drop_name_(a.core().options().name),
+        drop_p_(a.attn_dropout()) {
     refuse_split(a.tp_size(), a.name());
-    if (a.attn_dropout() > 0)
-      throw config_error("strata: attention \"" + a.name() +
-                         "\" has dropout on its probabilities (attn_dropout " +
-                         std::to_string(a.attn_dropout()) +
-                         "), which the device twin does not draw yet: set it to 0 on a device");
   }
 
   struct saved {
@@ -341,6 +337,7 @@ public:
     T* dp;   // backward: dP, then dS in place
     T* p;    // selective recompute: the probabilities, made in forward and again in backward
     C* wide; // 16-bit T: the scores (forward) and dP (backward) in f32, as the GEMMs give them
+    T* pd;   // dropout on the probabilities: the kept ones, scaled (forward, and again backward)
     T* dq;   // backward
     T* dk;
     T* dv;
@@ -355,6 +352,7 @@ public:
     s.dp = c.template take<T>(batch * heads_ * seq * seq);
     s.p = selective_ ? c.template take<T>(batch * heads_ * seq * seq) : nullptr;
     s.wide = wide ? c.template take<C>(batch * heads_ * seq * seq) : nullptr;
+    s.pd = drop_p_ > 0 ? c.template take<T>(batch * heads_ * seq * seq) : nullptr;
     s.dq = c.template take<T>(rows * d_);
     s.dk = c.template take<T>(rows * d_);
     s.dv = c.template take<T>(rows * d_);
@@ -371,6 +369,7 @@ public:
                     nn::kernels::attention_split_qkv<T>{sc.qkv, sv.q, sv.k, sv.v, S, H, hd});
     T* const p = selective_ ? sc.p : sv.p;
     probabilities(ctx, c, sv, sc, p);
+    T const* const pv = dropped(ctx, c, p, sc); // the kept probabilities, scaled (or p)
     strata::kernels::gemm_desc o;
     o.type = dtype_of<T>();
     o.m = S;
@@ -380,7 +379,7 @@ public:
     o.stride_a = S * S;
     o.stride_b = S * hd;
     o.stride_c = S * hd;
-    pv_.run(ctx, st, o, {p, sv.v, sc.y, nullptr, nullptr});
+    pv_.run(ctx, st, o, {pv, sv.v, sc.y, nullptr, nullptr});
     launch_elements(ctx, st, rows * d_,
                     nn::kernels::attention_merge_heads<T>{sc.y, sv.merged, S, H, hd});
     proj_.forward(ctx, rows, sv.merged, out);
@@ -393,6 +392,7 @@ public:
     T* const p = selective_ ? sc.p : sv.p;
     if (selective_) // the forward's probabilities again, bit for bit, from the kept q and k
       probabilities(ctx, c, sv, sc, p);
+    T const* const pv = dropped(ctx, c, p, sc); // the forward's dropout, redrawn
     T* dmerged = sc.dq; // [rows, d] before the heads' permute (dq is free until dS K)
     proj_.backward(ctx, rows, sv.merged, dout, dmerged, sc.lin);
     launch_elements(ctx, st, rows * d_,
@@ -422,7 +422,19 @@ public:
     dv.stride_a = S * S;
     dv.stride_b = S * hd;
     dv.stride_c = S * hd;
-    dv_.run(ctx, st, dv, {p, sc.y, sc.dv, nullptr, nullptr});
+    dv_.run(ctx, st, dv, {pv, sc.y, sc.dv, nullptr, nullptr});
+    if (pv != p) { // dP through the same mask, in C, before the softmax's backward
+      C* const dpc = [&] {
+        if constexpr (wide)
+          return sc.wide;
+        else
+          return sc.dp;
+      }();
+      launch_elements(ctx, st, B * H * S * S,
+                      nn::kernels::attention_dropout<C>{dpc, dpc, H, S, c.first_row, drop_key(c),
+                                                        static_cast<float>(drop_p_),
+                                                        nn::kernels::dropout_scale<C>(drop_p_)});
+    }
     if constexpr (wide)
       launch_rows(ctx, st, B * H * S, lanes_for(S),
                   nn::kernels::causal_softmax_backward<T, C, 256, C>{
@@ -483,10 +495,27 @@ private:
     }
   }
 
+  // Dropout on the probabilities (training, p > 0): the kept ones scaled into sc.pd, keyed as
+  // the host's attention_core ("<name>.probs.drop", the row's place, the head); else p itself.
+  T const* dropped(Ctx& ctx, call const& c, T const* p, scratch const& sc) {
+    if (!c.training || !(drop_p_ > 0))
+      return p;
+    launch_elements(ctx, ctx.compute_stream(), c.batch * heads_ * c.seq * c.seq,
+                    nn::kernels::attention_dropout<T>{p, sc.pd, heads_, c.seq, c.first_row,
+                                                      drop_key(c), static_cast<float>(drop_p_),
+                                                      nn::kernels::dropout_scale<C>(drop_p_)});
+    return sc.pd;
+  }
+  random_key drop_key(call const& c) const {
+    return nn::detail::dropout_key(drop_name_, c.host_context());
+  }
+
   // 16-bit storage: the scores and dP leave their GEMMs in f32 (wide_out), the softmax reads them.
   static constexpr bool wide = !std::is_same_v<T, C>;
   linear_ops<T, Ctx> qkv_, proj_;
   std::size_t d_, heads_;
+  std::string drop_name_;
+  double drop_p_ = 0;
   bool selective_ = false;
   lazy_gemm<Ctx> scores_, pv_, dp_, dv_, dq_, dk_;
 };

@@ -82,4 +82,35 @@ struct dropout_backward {
   }
 };
 
+/// Dropout on attention's probabilities (B, H, T, T), keyed as the host's attention_core: the
+/// probability (i, j) of head h in sequence b is kept when uniform<float>(key, ((first_row +
+/// b T + i) H + h) T + j) >= p (the query row's place in the step's batch and the head; tp = 1),
+/// and j <= i (above the diagonal everything is dropped, as the host's saved mask). y = keep ?
+/// x scale : 0, element-wise over B H T T; y may be x. The mask is redrawn from the key rather
+/// than saved: forward (on P) and backward (on P again and on dP) draw the same bits.
+template <class X, class C = compute_t<X>>
+struct attention_dropout {
+  X const* x;
+  X* y;
+  std::size_t heads;
+  std::size_t seq;
+  std::uint64_t first_row; // the micro-batch's first row in the step's batch
+  random_key key;
+  float p;
+  C scale;
+
+  STRATA_HD void operator()(std::size_t e) const {
+    std::size_t const j = e % seq, i = (e / seq) % seq, bh = e / (seq * seq);
+    std::size_t const h = bh % heads, b = bh / heads;
+    bool keep = false;
+    if (j <= i) {
+      std::uint64_t const idx =
+          ((first_row + b * seq + i) * heads + h) * static_cast<std::uint64_t>(seq) + j;
+      keep = strata::detail::uniform_lane<float>(strata::detail::block_of(key, idx / 4),
+                                                 static_cast<unsigned>(idx % 4)) >= p;
+    }
+    y[e] = narrow<X>(keep ? widen<C>(x[e]) * scale : C{0});
+  }
+};
+
 } // namespace strata::nn::kernels
