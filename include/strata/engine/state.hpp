@@ -10,6 +10,7 @@
 #include <strata/core/memory.hpp>
 #include <strata/core/tensor.hpp>
 #include <strata/engine/batch.hpp>
+#include <strata/engine/batch_tokens.hpp>
 #include <strata/engine/flat_layout.hpp>
 #include <strata/engine/node.hpp>
 #include <strata/engine/op.hpp>
@@ -321,27 +322,7 @@ public:
   void count_tokens(batch_view<T> const& b) {
     std::size_t const rows = b.rows();
     bool const masked = !b.loss_mask.empty();
-    if (masked && b.loss_mask.size() != rows)
-      throw shape_error("strata: the batch has " + std::to_string(b.loss_mask.size()) +
-                        " loss-mask weights for " + std::to_string(rows) +
-                        " rows: give one per row, or none");
-    double counted = 0;
-    std::size_t ignored = 0;
-    for (std::size_t r = 0; r < rows; ++r) {
-      if (b.targets[r] == nn::ignore_index) {
-        ++ignored;
-        continue;
-      }
-      if (masked) {
-        float const w = b.loss_mask[r];
-        if (!(w >= 0.0f) || !std::isfinite(w))
-          throw shape_error("strata: loss-mask weight " + std::to_string(w) + " at row " +
-                            std::to_string(r) + " of the batch: weights are finite and >= 0");
-        counted += static_cast<double>(w);
-      } else {
-        counted += 1;
-      }
-    }
+    auto const [counted, ignored] = count_batch_tokens(b);
     bool const weighted = settings_.token_weighted;
     if (!weighted && !masked && ignored == 0)
       return; // not token-weighted: every row counts, each micro-batch's mean as before

@@ -15,6 +15,7 @@
 #include <strata/core/memory.hpp>
 #include <strata/data/batch.hpp>
 #include <strata/engine/batch.hpp>
+#include <strata/engine/batch_tokens.hpp>
 #include <strata/engine/flat_layout.hpp>
 #include <strata/engine/node.hpp>
 #include <strata/engine/optimizer.hpp>
@@ -334,7 +335,7 @@ public:
   template <class U>
   requires(std::is_same_v<U, model_element> && !std::is_same_v<U, T>) step_result
       step(engine::batch_view<U> const& batch) {
-    return step(narrowed(batch));
+    return step(engine::narrowed(batch, narrow_));
   }
 
   /// The mean loss over a batch of the same shape, forward only (dropout off). Changes nothing
@@ -349,7 +350,7 @@ public:
   template <class U>
   requires(std::is_same_v<U, model_element> &&
            !std::is_same_v<U, T>) double evaluate(engine::batch_view<U> const& batch) {
-    return evaluate(narrowed(batch));
+    return evaluate(engine::narrowed(batch, narrow_));
   }
 
   /// The parameters' values and gradients copied to the host (one host synchronisation; not
@@ -611,15 +612,6 @@ private:
 
   // ---- running ---------------------------------------------------------------------------
 
-  engine::batch_view<T> narrowed(engine::batch_view<model_element> const& b) {
-    if (narrow_.size() < b.features.size())
-      narrow_.resize(b.features.size());
-    for (std::size_t i = 0; i < b.features.size(); ++i)
-      narrow_[i] = element_cast<T>(b.features[i]);
-    return {b.sequences, b.seq,
-            b.tokens,    std::span<T const>(narrow_.data(), b.features.size()),
-            b.targets,   b.loss_mask};
-  }
   static engine::batch_view<T> view_of(data::token_batch const& b) {
     return {b.sequences, b.seq, b.tokens, {}, b.targets, b.loss_mask};
   }
@@ -648,9 +640,6 @@ private:
     if (!b.loss_mask.empty() && !device_.loss_mask)
       throw config_error("strata: the batch has a loss mask but the device trainer was built "
                          "without one: set device_options::loss_mask");
-    if (!b.loss_mask.empty() && b.loss_mask.size() != rows)
-      throw shape_error("strata: the batch has " + std::to_string(b.loss_mask.size()) +
-                        " loss-mask weights for " + std::to_string(rows) + " rows");
     if (!features_input())
       for (std::size_t r = 0; r < rows; ++r)
         if (b.tokens[r] < 0 || static_cast<std::size_t>(b.tokens[r]) >= info_[0].in)
@@ -658,28 +647,14 @@ private:
                             std::to_string(r) + " is outside the vocabulary of " +
                             std::to_string(info_[0].in) + " (layer \"" + info_[0].name + "\")");
     std::size_t const classes = loss_->in_features();
-    double counted = 0;
-    std::size_t ignored = 0;
     for (std::size_t r = 0; r < rows; ++r) {
       std::int32_t const t = b.targets[r];
-      if (t == nn::ignore_index) {
-        ++ignored;
-        continue;
-      }
-      if (t < 0 || static_cast<std::size_t>(t) >= classes)
+      if (t != nn::ignore_index && (t < 0 || static_cast<std::size_t>(t) >= classes))
         throw shape_error("strata: target " + std::to_string(t) + " at row " + std::to_string(r) +
                           " is outside the " + std::to_string(classes) + " classes of the loss \"" +
                           std::string(loss_->name()) + "\"");
-      if (!b.loss_mask.empty()) {
-        float const w = b.loss_mask[r];
-        if (!(w >= 0.0f) || !std::isfinite(w))
-          throw shape_error("strata: loss-mask weight " + std::to_string(w) + " at row " +
-                            std::to_string(r) + " of the batch: weights are finite and >= 0");
-        counted += static_cast<double>(w);
-      } else {
-        counted += 1;
-      }
     }
+    auto const [counted, ignored] = engine::count_batch_tokens(b);
     norm_ = 0;
     if (options_.token_weighted || !b.loss_mask.empty() || ignored != 0) {
       if (!(counted > 0))

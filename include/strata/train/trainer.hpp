@@ -8,6 +8,7 @@
 #include <strata/core/thread_pool.hpp>
 #include <strata/data/batch.hpp>
 #include <strata/engine/batch.hpp>
+#include <strata/engine/batch_tokens.hpp>
 #include <strata/engine/executor.hpp>
 #include <strata/engine/node.hpp>
 #include <strata/engine/optimizer.hpp>
@@ -387,12 +388,12 @@ public:
   template <class U>
   requires(std::is_same_v<U, model_element> && !std::is_same_v<U, T>) step_result
       step(engine::batch_view<U> const& batch) {
-    return step(narrowed(batch));
+    return step(engine::narrowed(batch, narrow_));
   }
   template <class U>
   requires(std::is_same_v<U, model_element> &&
            !std::is_same_v<U, T>) double evaluate(engine::batch_view<U> const& batch) {
-    return evaluate(narrowed(batch));
+    return evaluate(engine::narrowed(batch, narrow_));
   }
 
   /// One step on a loader's batch of token ids and next-token targets.
@@ -577,16 +578,6 @@ private:
       f(model);
     else
       f(model.template rebind<T>());
-  }
-
-  engine::batch_view<T> narrowed(engine::batch_view<model_element> const& b) {
-    if (narrow_.size() < b.features.size())
-      narrow_.resize(b.features.size());
-    for (std::size_t i = 0; i < b.features.size(); ++i)
-      narrow_[i] = element_cast<T>(b.features[i]);
-    return {b.sequences, b.seq,
-            b.tokens,    std::span<T const>(narrow_.data(), b.features.size()),
-            b.targets,   b.loss_mask};
   }
 
   void init(Model const& model, engine::optimizer_factory<master_type> optimizer) {
