@@ -581,6 +581,19 @@ public:
   explicit twin_base(L&& l) : layer_(std::move(l)) {}
   std::string_view name() const noexcept override { return layer_.name(); }
   layer_kind kind() const noexcept override { return K; }
+  /// The host layer's features (a twin whose layer names them otherwise overrides these).
+  std::size_t in_features() const noexcept override {
+    if constexpr (requires { layer_.in_features(); })
+      return layer_.in_features();
+    else
+      return 0;
+  }
+  std::size_t out_features() const noexcept override {
+    if constexpr (requires { layer_.out_features(); })
+      return layer_.out_features();
+    else
+      return 0;
+  }
   void for_each_parameter(typename node<T, Ctx>::parameter_fn const& f) override {
     layer_.for_each_parameter(f);
   }
@@ -605,8 +618,6 @@ public:
     ops_ = detail::linear_ops<T, Ctx>(&x.weight(), x.has_bias() ? &x.bias() : nullptr,
                                       x.full_in_features(), x.full_out_features());
   }
-  std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
-  std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
   std::size_t scratch_bytes(std::size_t b, std::size_t s) const override {
     return ops_.scratch_bytes(b * s);
   }
@@ -630,15 +641,13 @@ class activation_twin : public detail::twin_base<L, Ctx, layer_kind::hidden> {
 
 public:
   activation_twin(L&& l, activation_kind k) : base(std::move(l)), kind_(k) {}
-  std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
-  std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
   void forward(Ctx& ctx, call const& c, T const* x, T* y, std::byte*, std::byte*) override {
-    detail::activation_forward(ctx, kind_, c.rows() * in_features(), x, y);
+    detail::activation_forward(ctx, kind_, c.rows() * this->in_features(), x, y);
   }
   void backward(Ctx& ctx, call const& c, T const* x, std::byte*, T const* dy, T* dx,
                 std::byte*) override {
     if (dx != nullptr)
-      detail::activation_backward(ctx, kind_, c.rows() * in_features(), x, dy, dx);
+      detail::activation_backward(ctx, kind_, c.rows() * this->in_features(), x, dy, dx);
   }
 
 private:
@@ -655,12 +664,10 @@ public:
   explicit dropout_twin(L&& l)
       : base(std::move(l)),
         ops_(this->layer_.name(), this->layer_.in_features(), this->layer_.p()) {}
-  std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
-  std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
   std::size_t saved_bytes(std::size_t b, std::size_t s) const override {
     carve c;
     if (ops_.possible())
-      c.take<std::uint8_t>(b * s * in_features());
+      c.take<std::uint8_t>(b * s * this->in_features());
     return c.used();
   }
   void forward(Ctx& ctx, call const& c, T const* x, T* y, std::byte* saved, std::byte*) override {
@@ -689,8 +696,6 @@ public:
     detail::refuse_split(x.input_row_split(), x.name());
     ops_ = detail::layer_norm_ops<T, Ctx>(&x.weight(), &x.bias(), x.in_features(), x.eps());
   }
-  std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
-  std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
   std::size_t saved_bytes(std::size_t b, std::size_t s) const override {
     carve c;
     c.take<C>(2 * b * s);
@@ -724,24 +729,23 @@ public:
     detail::refuse_split(this->layer_.tp_size(), this->layer_.name());
   }
   std::size_t in_features() const noexcept override { return this->layer_.vocab(); }
-  std::size_t out_features() const noexcept override { return this->layer_.out_features(); }
   std::size_t saved_bytes(std::size_t b, std::size_t s) const override {
     carve c;
     if (drop_.possible())
-      c.take<std::uint8_t>(b * s * out_features());
+      c.take<std::uint8_t>(b * s * this->out_features());
     return c.used();
   }
   std::size_t scratch_bytes(std::size_t b, std::size_t s) const override {
     carve c;
     c.take<std::uint32_t>(b * s);
     if (drop_.possible())
-      c.take<T>(b * s * out_features());
+      c.take<T>(b * s * this->out_features());
     return c.used();
   }
   void forward_ids(Ctx& ctx, call const& c, std::int32_t const* ids, T* y, std::byte* saved,
                    std::byte*) override {
     auto& e = this->layer_;
-    std::size_t const n = out_features(), rows = c.rows();
+    std::size_t const n = this->out_features(), rows = c.rows();
     launch_elements(ctx, ctx.compute_stream(), rows * n,
                     nn::kernels::embedding_forward<T>{ids, e.token_weight().values().data(),
                                                       e.position_weight().values().data(), y, n,
@@ -753,7 +757,7 @@ public:
                     std::byte* scratch) override {
     auto& e = this->layer_;
     auto const s = ctx.compute_stream();
-    std::size_t const n = out_features(), rows = c.rows();
+    std::size_t const n = this->out_features(), rows = c.rows();
     carve cv(scratch);
     std::uint32_t* order = cv.take<std::uint32_t>(rows);
     if (drop_.active(c)) {
@@ -792,8 +796,6 @@ public:
     drop1_ = detail::dropout_ops<T, Ctx>(b.drop1().name(), d_, b.drop1().p());
     drop2_ = detail::dropout_ops<T, Ctx>(b.drop2().name(), d_, b.drop2().p());
   }
-  std::size_t in_features() const noexcept override { return d_; }
-  std::size_t out_features() const noexcept override { return d_; }
   void configure(settings const& s) override { attn_.set_selective(s.recompute_attention); }
 
   std::size_t saved_bytes(std::size_t b, std::size_t s) const override {
@@ -915,8 +917,6 @@ public:
   explicit cross_entropy_twin(L&& l) : base(std::move(l)) {
     detail::refuse_split(this->layer_.tp_size(), this->layer_.name());
   }
-  std::size_t in_features() const noexcept override { return this->layer_.in_features(); }
-  std::size_t out_features() const noexcept override { return 0; }
   std::size_t scratch_bytes(std::size_t b, std::size_t s) const override {
     carve c;
     c.take<C>(b * s);
@@ -926,7 +926,7 @@ public:
   void loss(Ctx& ctx, call const& c, T const* logits, std::int32_t const* targets,
             loss_call<C> const& lc, std::byte* scratch) override {
     auto const s = ctx.compute_stream();
-    std::size_t const rows = c.rows(), vocab = in_features();
+    std::size_t const rows = c.rows(), vocab = this->in_features();
     carve cv(scratch);
     C* row_loss = cv.take<C>(rows);
     C* scalars = cv.take<C>(2); // the normaliser, the total
