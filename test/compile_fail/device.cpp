@@ -16,11 +16,11 @@
 
 namespace st = strata;
 
-#if STRATA_CASE == 1 // data parallel on a device (issue 23 brings it)
+#if STRATA_CASE == 1 // tensor parallelism on a device (a later issue brings it)
 #ifdef STRATA_TWIN
 using plan = st::plan<st::precision::bf16, st::recompute::full>;
 #else
-using plan = st::plan<st::precision::bf16, st::data_parallel<>>;
+using plan = st::plan<st::precision::bf16, st::tensor_parallel<st::degree<2>>>;
 #endif
 using device_trainer = st::trainer<st::models::gpt_model<float>, plan, st::cuda_emulated>;
 void make() {

@@ -2,7 +2,9 @@
 // device needed): nvcc compiles trainer<models::gpt_model<float>, Plan, cuda> in f32, bf16 and
 // fp16, the device twins' kernels and GEMMs, the engine, step and evaluate, in one translation
 // unit (issue 22: "the cuda trainer compiles with nvcc"). Nothing here runs; trainer_test.cu
-// runs the trainer on a device.
+// runs the trainer on a device. Also the device-local communicator on CUDA contexts (issue 23):
+// its collectives launch comm/kernels/rank_reduce.hpp's functors on the communication stream.
+#include <strata/comm/device_local.hpp>
 #include <strata/core/cuda/context.hpp>
 #include <strata/core/cuda/gemm.hpp>
 #include <strata/core/cuda/launch.cuh>
@@ -39,3 +41,31 @@ step_and_evaluate<st::plan<st::precision::bf16>>(st::models::gpt_model<float> co
 template double
 step_and_evaluate<st::plan<st::precision::fp16>>(st::models::gpt_model<float> const&,
                                                  st::engine::batch_view<float> const&);
+
+// The device-local communicator over cuda_context: every non-template member (the constructor,
+// group, barrier, split) and the collectives that launch the reduction and copy kernels.
+namespace device_local_check {
+using comm_t = st::comm::device_local::communicator<st::cuda_context>;
+static_assert(st::comm::communicator<comm_t>);
+} // namespace device_local_check
+template class st::comm::device_local::communicator<st::cuda_context>;
+template void device_local_check::comm_t::all_reduce<float>(std::span<float const>,
+                                                            std::span<float>, st::comm::reduce_op);
+template void device_local_check::comm_t::all_reduce<st::bf16>(std::span<st::bf16 const>,
+                                                               std::span<st::bf16>,
+                                                               st::comm::reduce_op);
+template void device_local_check::comm_t::reduce_scatter<float>(std::span<float const>,
+                                                                std::span<float>,
+                                                                st::comm::reduce_op);
+template void device_local_check::comm_t::reduce_scatter<st::bf16>(std::span<st::bf16 const>,
+                                                                   std::span<st::bf16>,
+                                                                   st::comm::reduce_op);
+template void device_local_check::comm_t::all_gather<float>(std::span<float const>,
+                                                            std::span<float>);
+template void device_local_check::comm_t::broadcast<float>(std::span<float const>, std::span<float>,
+                                                           int);
+template device_local_check::comm_t::request_type
+    device_local_check::comm_t::all_reduce_async<float>(std::span<float>, st::comm::reduce_op);
+template void st::comm::device_local::run<st::cuda_context>(
+    int, void (&)(device_local_check::comm_t&, st::cuda_context&),
+    st::device_context_options const&, st::comm::comm_options const&);

@@ -11,17 +11,7 @@
 #include <cstdlib>
 #include <new>
 
-namespace strata::test {
-/// Heap allocations through operator new since the start of the process, all threads.
-inline std::atomic<long> allocations{0};
-
-inline void* counted_malloc(std::size_t n, std::size_t align) noexcept {
-  allocations.fetch_add(1, std::memory_order_relaxed);
-  if (align <= alignof(std::max_align_t))
-    return std::malloc(n ? n : 1);
-  return std::aligned_alloc(align, (n + align - 1) / align * align);
-}
-} // namespace strata::test
+#include "allocation_count.hpp"
 
 // The replacements pair malloc with free; g++ cannot see that they replace new and delete.
 #pragma GCC diagnostic push

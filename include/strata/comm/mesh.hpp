@@ -27,6 +27,37 @@ struct mesh_coords {
   friend bool operator==(mesh_coords const&, mesh_coords const&) = default;
 };
 
+/// The color and key of one axis's split of the world (communicator::split(color, key)).
+struct split_args {
+  int color = 0;
+  int key = 0;
+  friend bool operator==(split_args const&, split_args const&) = default;
+};
+
+/// The splits that make a world rank's tp, dp and pp communicators.
+struct mesh_splits {
+  split_args tp;
+  split_args dp;
+  split_args pp;
+};
+
+/// The splits of `world_rank` on a mesh of `resolved` shape (dp > 0; any extra axes' blocks of
+/// dp * tp * pp ranks follow one another): each axis's color numbers the ranks that share every
+/// other coordinate (and the extra block), its key is the coordinate on the axis, so the split
+/// communicator's rank is that coordinate. The mesh splits with these; a backend that builds its
+/// groups itself (ncclCommSplit) uses the same numbers.
+constexpr mesh_splits mesh_split_args(mesh_shape resolved, int world_rank) noexcept {
+  int const inner = resolved.dp * resolved.tp * resolved.pp;
+  int const e = world_rank / inner;
+  int const r = world_rank % inner;
+  int const tp = r % resolved.tp;
+  int const dp = (r / resolved.tp) % resolved.dp;
+  int const pp = r / (resolved.tp * resolved.dp);
+  return {{e * resolved.pp * resolved.dp + pp * resolved.dp + dp, tp},
+          {e * resolved.pp * resolved.tp + pp * resolved.tp + tp, dp},
+          {e * resolved.dp * resolved.tp + dp * resolved.tp + tp, pp}};
+}
+
 /// An axis of the mesh beyond dp, tp and pp, named by the strategy that uses it (a user's
 /// strategy's option_traits<O>::axis: context or expert parallelism, say).
 struct mesh_axis {
@@ -54,12 +85,9 @@ public:
         shape_(resolve(inner_world(world.size(), extra_), shape)),
         inner_(shape_.dp * shape_.tp * shape_.pp), e_(world.rank() / inner_),
         coords_(coords_of(world.rank())),
-        tp_(world.split(e_ * shape_.pp * shape_.dp + coords_.pp * shape_.dp + coords_.dp,
-                        coords_.tp)),
-        dp_(world.split(e_ * shape_.pp * shape_.tp + coords_.pp * shape_.tp + coords_.tp,
-                        coords_.dp)),
-        pp_(world.split(e_ * shape_.dp * shape_.tp + coords_.dp * shape_.tp + coords_.tp,
-                        coords_.pp)) {
+        tp_(split(world, mesh_split_args(shape_, world.rank()).tp)),
+        dp_(split(world, mesh_split_args(shape_, world.rank()).dp)),
+        pp_(split(world, mesh_split_args(shape_, world.rank()).pp)) {
     // One communicator per extra axis: the ranks that differ only in that coordinate.
     int const inner_rank = world.rank() % inner_;
     for (std::size_t k = 0; k < extra_.size(); ++k) {
@@ -134,6 +162,7 @@ public:
   }
 
 private:
+  static C split(C& world, split_args a) { return world.split(a.color, a.key); }
   std::size_t index_of(std::string_view name) const {
     for (std::size_t k = 0; k < extra_.size(); ++k)
       if (extra_[k].name == name)

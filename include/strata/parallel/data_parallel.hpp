@@ -6,6 +6,7 @@
 #include <strata/comm/communicator.hpp>
 #include <strata/comm/reduce_op.hpp>
 #include <strata/core/error.hpp>
+#include <strata/engine/flat_layout.hpp>
 #include <strata/engine/op.hpp>
 #include <strata/engine/option.hpp>
 #include <strata/engine/pass.hpp>
@@ -41,12 +42,12 @@ struct bucket {
 /// first (small, so communication starts early), bytes for the others — and then it closes.
 /// `tail` extra elements after the parameters join the last bucket.
 template <class T, class D>
-std::vector<bucket> make_buckets(engine::state<T, D> const& s, std::size_t first_bytes,
+std::vector<bucket> make_buckets(engine::flat_layout<T, D> const& f, std::size_t first_bytes,
                                  std::size_t bytes, std::size_t tail) {
   std::vector<bucket> out;
   bucket cur{};
   bool open = false;
-  for (auto const& e : s.flat().params) {
+  for (auto const& e : f.params) {
     if (!open) {
       cur = {e.offset, e.offset, e.layer};
       open = true;
@@ -69,6 +70,12 @@ std::vector<bucket> make_buckets(engine::state<T, D> const& s, std::size_t first
     out.push_back({0, tail, 0});
   }
   return out;
+}
+/// The buckets of an engine state's layout.
+template <class T, class D>
+std::vector<bucket> make_buckets(engine::state<T, D> const& s, std::size_t first_bytes,
+                                 std::size_t bytes, std::size_t tail) {
+  return make_buckets(s.flat(), first_bytes, bytes, tail);
 }
 
 namespace detail {

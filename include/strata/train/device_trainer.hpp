@@ -30,9 +30,11 @@
 #include <strata/optim/kernels/sgd.hpp>
 #include <strata/optim/kernels/step_scalars.hpp>
 #include <strata/optim/loss_scaler.hpp>
+#include <strata/parallel/data_parallel.hpp>
 #include <strata/parallel/plan.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute.hpp>
+#include <strata/train/device_data_parallel.hpp>
 #include <strata/train/options.hpp>
 #include <strata/train/trainer_fwd.hpp>
 
@@ -189,16 +191,16 @@ private:
 namespace detail {
 
 /// Whether a plan's options all run on a device: precision (fp32, bf16, fp16), recompute (none,
-/// full, every<K>, selective) and micro_batches<M>.
+/// full, every<K>, selective), micro_batches<M> and data_parallel.
 template <class Plan>
 constexpr bool runs_on_device() {
   constexpr plan_descriptor d = Plan::descriptor();
-  bool ok = !d.data_parallel.enabled && !d.sharded.enabled && !d.tensor_parallel.enabled &&
-            !d.pipeline.enabled && !d.recompute.offload && !d.precision.accumulate_f32 &&
-            !d.precision.reduce_f32;
+  bool ok = !d.sharded.enabled && !d.tensor_parallel.enabled && !d.pipeline.enabled &&
+            !d.recompute.offload && !d.precision.accumulate_f32 && !d.precision.reduce_f32;
   Plan::for_each_option([&]<class O>() {
     if constexpr (plan_option<O>)
-      ok = ok && (detail::is_precision<O>::value || detail::is_recompute<O>::value);
+      ok = ok && (detail::is_precision<O>::value || detail::is_recompute<O>::value ||
+                  detail::is_data_parallel<O>::value);
   });
   return ok;
 }
@@ -207,7 +209,9 @@ constexpr bool runs_on_device() {
 
 /// The trainer on a device: trainer<Model, Plan, cuda_emulated> (every CI run) and
 /// trainer<Model, Plan, cuda> (an nvcc translation unit). Built with the batch shape it runs
-/// (device_options); one rank, no communicator.
+/// (device_options): one rank with no communicator, or, for a plan with data_parallel, one
+/// replica of a data-parallel group whose communicator `make_world(context)` builds on the
+/// trainer's own device context (comm::device_local, comm::nccl).
 template <engine::model Model, class Plan, class Device>
 requires context_device<Device>
 class trainer<Model, Plan, Device> {
@@ -215,7 +219,7 @@ class trainer<Model, Plan, Device> {
   static_assert(detail::runs_on_device<Plan>(),
                 "strata: this plan names an option that does not run on a device yet: a device "
                 "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K>/"
-                "selective and micro_batches<M>, while data_parallel, sharded, tensor_parallel, "
+                "selective, micro_batches<M> and data_parallel, while sharded, tensor_parallel, "
                 "pipeline_parallel, recompute::offload, precision::reduce and accumulate and "
                 "your own options run on the host trainer");
   using precision_option = plan_precision_t<Plan>;
@@ -251,8 +255,35 @@ private:
                 "models::gpt_model does) and the same model builds on a device");
 
 public:
+  /// One rank alone. A plan with data_parallel needs the constructor below.
   trainer(Model const& model, engine::optimizer_factory<M> optimizer, trainer_options options,
           device_options device)
+      : trainer(model, std::move(optimizer), std::move(options), device, group_maker{}) {}
+
+  /// One replica of a data-parallel group: `make_world(context)` returns the communicator of
+  /// the replicas (comm::device_local::communicator<context_type>, comm::nccl::communicator)
+  /// built on this trainer's device context; the plan must have data_parallel. Every replica
+  /// builds the same model and runs batches of device_options' shape: the global batch is the
+  /// replicas' batches in rank order.
+  template <class MakeWorld>
+  requires std::invocable<MakeWorld&, context_type&> &&
+      detail::device_communicator<std::invoke_result_t<MakeWorld&, context_type&>, context_type>
+      trainer(MakeWorld make_world, Model const& model, engine::optimizer_factory<M> optimizer,
+              trainer_options options, device_options device)
+      : trainer(model, std::move(optimizer), std::move(options), device,
+                group_maker([&](context_type& c) -> std::unique_ptr<group_type> {
+                  using C = std::invoke_result_t<MakeWorld&, context_type&>;
+                  return std::make_unique<detail::device_data_group_of<T, M, context_type, C>>(
+                      make_world(c));
+                })) {}
+
+private:
+  using group_type = detail::device_data_group<T, M, context_type>;
+  using group_maker = std::function<std::unique_ptr<group_type>(context_type&)>;
+  static constexpr bool data_parallel = Plan::descriptor().data_parallel.enabled;
+
+  trainer(Model const& model, engine::optimizer_factory<M> optimizer, trainer_options options,
+          device_options device, group_maker const& make_group)
       : options_(std::move(options)), device_(device),
         ledger_(std::make_unique<memory_ledger>(options_.label.empty()
                                                     ? std::string(Device::name) + ":" +
@@ -279,13 +310,27 @@ public:
     if (spec_.what == engine::device_optimizer::kind::none)
       throw config_error("strata: the device trainer runs optim::adamw and optim::sgd (its "
                          "kernels); this optimizer has none: use one of them, or the host trainer");
+    if (data_parallel && !make_group)
+      throw config_error("strata: the plan has data_parallel but the device trainer was built "
+                         "without a communicator: build it with trainer(make_world, model, "
+                         "optimizer, options, device), make_world returning the replicas' "
+                         "communicator on the trainer's context");
+    if (!data_parallel && make_group)
+      throw config_error("strata: the device trainer was given a communicator but the plan has "
+                         "no data_parallel: add data_parallel<> to the plan, or build one trainer "
+                         "per rank without a communicator");
     build_model(model);
     make_context();
+    if (make_group)
+      dp_ = make_group(*ctx_);
     lay_out();
+    if (dp_)
+      set_up_data_parallel();
     make_buffers();
     ctx_->seal();
   }
 
+public:
   trainer(trainer const&) = delete;
   trainer& operator=(trainer const&) = delete;
 
@@ -404,6 +449,25 @@ public:
   /// Host synchronisations inside the last step's operations (forward, loss, backward, clip,
   /// optimizer): 0, the step's one wait being its scalars' read after them.
   std::uint64_t synchronizations_in_operations() const noexcept { return syncs_in_ops_; }
+
+  /// Data parallel: this replica's rank and the replicas' count (0 and 1 alone).
+  int data_rank() const noexcept { return dp_ ? dp_->rank() : 0; }
+  int data_size() const noexcept { return dp_ ? dp_->size() : 1; }
+  /// The gradient buckets, in the order their reductions start (backward's order).
+  std::vector<parallel::bucket> const& buckets() const noexcept { return buckets_; }
+  /// The last step's issue trace: for each bucket reduction started, in order, its bucket and
+  /// the number of backward operations issued before it.
+  struct issued_reduction {
+    std::uint32_t bucket = 0;
+    std::uint32_t backwards_before = 0;
+  };
+  std::span<issued_reduction const> issued_reductions() const noexcept {
+    return {issued_.data(), issued_count_};
+  }
+  /// The data-parallel communicator's counters (none alone).
+  comm::comm_counters const* communication_counters() const noexcept {
+    return dp_ ? &dp_->counters() : nullptr;
+  }
 
 private:
   // ---- building --------------------------------------------------------------------------
@@ -551,6 +615,84 @@ private:
     ctx_->synchronize(s, "the initial parameters"); // host_values_ is reused by read_back
   }
 
+  // Data parallel: the replicas' models checked equal, rank 0's parameters broadcast, the
+  // buckets cut in backward order, and the programs given their reductions: each bucket's
+  // average starts right after the backward of its lowest layer on the last micro-batch (or
+  // all at the end of backward without overlap); every average and the loss's are waited for
+  // before the first operation that ends backward (the ties, the clip).
+  void set_up_data_parallel() {
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    int const n = dp_->size();
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    for (std::size_t i = flat_.params.size(); i-- > 0;) {
+      auto const* p = flat_.params[i].p;
+      h = parallel::detail::fnv1a(p->name().data(), p->name().size(), h);
+      for (std::size_t d : p->shape())
+        h = parallel::detail::fnv1a(&d, sizeof d, h);
+    }
+    std::int64_t const mine[3] = {static_cast<std::int64_t>(flat_.params.size()),
+                                  static_cast<std::int64_t>(flat_.flat_size),
+                                  static_cast<std::int64_t>(h)};
+    checks_ = c.template allocate<std::int64_t>(memory_kind::communication,
+                                                3 * static_cast<std::size_t>(n) + 3);
+    c.copy_async(s, checks_, mine, sizeof mine);
+    dp_->gather_checks(std::span<std::int64_t const>(checks_, 3),
+                       std::span<std::int64_t>(checks_ + 3, 3 * static_cast<std::size_t>(n)));
+    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(n));
+    c.copy_async(s, all.data(), checks_ + 3, all.size() * sizeof(std::int64_t));
+    c.synchronize(s, "the replicas' model check");
+    std::string diff;
+    for (int r = 1; r < n; ++r) {
+      auto const* o = all.data() + 3 * r;
+      if (o[0] != all[0] || o[1] != all[1] || o[2] != all[2])
+        diff += " dp rank " + std::to_string(r) + " holds " + std::to_string(o[1]) +
+                " elements in " + std::to_string(o[0]) + " tensors" +
+                (o[0] == all[0] && o[1] == all[1] ? " (other names or shapes)" : "") + ";";
+    }
+    if (!diff.empty())
+      throw config_error("strata: data_parallel on a device: the replicas hold different models: "
+                         "dp rank 0 holds " +
+                         std::to_string(all[1]) + " parameter elements in " +
+                         std::to_string(all[0]) + " tensors;" + diff +
+                         " every dp rank must build the same model");
+    dp_->broadcast_values(std::span<T>(values_, flat_.flat_size));
+    if constexpr (sixteen_bit)
+      dp_->broadcast_master(std::span<M>(master_, state_elements_));
+
+    constexpr auto d = Plan::descriptor().data_parallel;
+    buckets_ = parallel::make_buckets(flat_, d.first_bucket_bytes, d.bucket_bytes, 0);
+    dp_->reserve(buckets_.size());
+    issued_.assign(buckets_.size(), {});
+    using engine::op;
+    using engine::op_code;
+    constexpr std::uint16_t owner = 0; // the data-parallel group: the device engine's one pass
+    bool ended = false;
+    program_.rewrite(
+        [&](op const& o, std::vector<op>& out) {
+          if (!ended && engine::ends_backward(o)) {
+            ended = true;
+            if (!d.overlap)
+              for (std::uint32_t b = 0; b < buckets_.size(); ++b)
+                out.push_back(engine::pass_op(op_code::collective, owner, b));
+            out.push_back(engine::pass_op(op_code::wait, owner, 0, 1));
+          }
+          return true;
+        },
+        [&](op const& o, std::vector<op>& out) {
+          if (o.code == op_code::backward && o.last() && d.overlap)
+            for (std::uint32_t b = 0; b < buckets_.size(); ++b)
+              if (buckets_[b].ready_layer == o.layer) {
+                op k = engine::pass_op(op_code::collective, owner, b);
+                k.layer = o.layer;
+                k.micro_batch = o.micro_batch;
+                k.flags = o.flags;
+                out.push_back(k);
+              }
+        });
+    eval_.ops.push_back(engine::pass_op(op_code::collective, owner, 0, 2));
+  }
+
   void make_buffers() {
     auto& c = *ctx_;
     std::size_t const n = info_.size(), slots = program_.slots.empty() ? 1 : program_.slots[0];
@@ -662,6 +804,13 @@ private:
                     ": the batch has no counted tokens (every target is the ignore index or "
                     "has loss-mask weight 0): the mean loss over no tokens is undefined");
       norm_ = counted / static_cast<double>(micro_batches_);
+      if (data_size() > 1)
+        throw config_error(
+            "strata: " + what +
+            ": a token-weighted batch (a loss mask, ignored targets or "
+            "trainer_options::token_weighted) under data parallelism on a device: the replicas "
+            "would have to share their token counts, which the device trainer does not do yet; "
+            "give unmasked batches, or train it on the host trainer");
     }
     masked_ = !b.loss_mask.empty();
     auto& c = *ctx_;
@@ -685,7 +834,9 @@ private:
     c.batch = mb_seqs_;
     c.seq = device_.seq;
     c.micro_batch = o.micro_batch;
-    c.first_row = static_cast<std::uint64_t>(o.micro_batch) * rows_;
+    // The rows of the global batch: this replica's batch follows those of the ranks before it.
+    c.first_row = static_cast<std::uint64_t>(data_rank()) * rows_total() +
+                  static_cast<std::uint64_t>(o.micro_batch) * rows_;
     c.step = static_cast<std::uint64_t>(step_);
     c.seed = options_.seed;
     c.training = training;
@@ -710,6 +861,8 @@ private:
     auto& c = *ctx_;
     auto const s = c.compute_stream();
     std::uint64_t const before = c.counters().host_synchronizations;
+    issued_count_ = 0;
+    backwards_ = 0;
     for (engine::op const& o : p.ops) {
       switch (o.code) {
       case engine::op_code::zero_grad:
@@ -742,6 +895,7 @@ private:
       }
       case engine::op_code::backward: {
         std::size_t const l = o.layer;
+        ++backwards_;
         auto const k = make_call(o, training);
         T const* dy = dout_[l % 2];
         if (info_[l].kind == nn::device::layer_kind::input) {
@@ -753,6 +907,13 @@ private:
         }
         break;
       }
+      case engine::op_code::collective:
+        run_collective(o);
+        break;
+      case engine::op_code::wait: // every bucket's average, then the loss's (kind 1)
+        dp_->wait_all(s);
+        dp_->average(std::span<double>(losses_, micro_batches_));
+        break;
       case engine::op_code::tie:
         for (auto const& t : ties_at_)
           launch_elements(c, s, t.count, tie_sum{grads_ + t.a, grads_ + t.b});
@@ -777,6 +938,19 @@ private:
   }
 
   bool wants_norm() const noexcept { return scaled || options_.clip > 0 || options_.grad_norm; }
+
+  // A bucket's average started on the communication stream (kind 0), or, forward only, the
+  // loss averaged over the replicas (kind 2).
+  void run_collective(engine::op const& o) {
+    if (o.kind == 2) {
+      dp_->average(std::span<double>(losses_, micro_batches_));
+      return;
+    }
+    auto const& b = buckets_[o.arg];
+    dp_->start_average(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin));
+    if (issued_count_ < issued_.size())
+      issued_[issued_count_++] = {o.arg, backwards_};
+  }
 
   void run_clip() {
     if (hook_)
@@ -937,6 +1111,13 @@ private:
   bool masked_ = false;
   std::int64_t step_ = 0, applied_ = 0;
   std::uint64_t syncs_in_ops_ = 0;
+  // data parallel
+  std::unique_ptr<group_type> dp_;
+  std::vector<parallel::bucket> buckets_;
+  std::vector<issued_reduction> issued_;
+  std::size_t issued_count_ = 0;
+  std::uint32_t backwards_ = 0;
+  std::int64_t* checks_ = nullptr; // the replica check's gathered numbers (device)
 };
 
 } // namespace strata

@@ -61,7 +61,7 @@ void reduce_range_typed(int nsrc, void const* const* srcs, int ndst, void* const
     constexpr std::size_t tile = reduce_tile_bytes / sizeof(T);
     alignas(64) A acc[tile];
     [[maybe_unused]] alignas(64) A widened[std::is_same_v<A, T> ? 1 : tile];
-    alignas(64) T out[std::is_same_v<A, T> ? 1 : tile];
+    [[maybe_unused]] alignas(64) T out[std::is_same_v<A, T> ? 1 : tile];
     for (std::size_t t = begin; t < end; t += tile) {
       std::size_t const n = std::min(tile, end - t);
       auto src = [&](int j) { return static_cast<T const*>(srcs[j]) + t; };

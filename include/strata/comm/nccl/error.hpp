@@ -1,5 +1,6 @@
-// Checking of NCCL return codes, with the call's text, file and line (CUDA runtime codes:
-// strata/core/cuda/error.hpp, included here).
+// Checking of NCCL return codes, with the call's text, file and line, and the polling of
+// non-blocking communicators to readiness (CUDA runtime codes: strata/core/cuda/error.hpp,
+// included here).
 #pragma once
 
 #if !__has_include(<nccl.h>) || !__has_include(<cuda_runtime_api.h>)
@@ -13,7 +14,10 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <chrono>
+#include <cstdio>
 #include <string>
+#include <thread>
 
 namespace strata::comm {
 
@@ -25,16 +29,96 @@ public:
 
 namespace detail {
 
+/// Which check goes where:
+/// - STRATA_NCCL_CHECK: calls that complete before they return — calls on no communicator
+///   (ncclGetVersion, ncclGetUniqueId, ncclGroupStart) and calls on a blocking communicator.
+///   ncclInProgress is an error there: it means a non-blocking communicator's call went
+///   through the wrong check and nothing would wait for it to finish.
+/// - STRATA_NCCL_CHECK_NONBLOCKING(comm, deadline, timeout, call): a call on a non-blocking
+///   communicator (strata's are: ncclCommInitRankConfig, ncclCommSplit, ncclGroupEnd,
+///   ncclCommFinalize, a collective outside a group). ncclInProgress is legal; the call is
+///   polled to completion (wait_nccl_ready) before anything that depends on it, since NCCL
+///   forbids another call on the communicator until then. What is polled is NCCL's host-side
+///   work (initialisation, enqueueing), not the device's: the host never waits for a kernel.
+/// - STRATA_NCCL_CHECK_GROUPED: a call between ncclGroupStart and ncclGroupEnd on a
+///   non-blocking communicator. ncclInProgress is accepted and left to ncclGroupEnd's check,
+///   which completes the whole group.
+
+[[noreturn]] inline void throw_nccl(ncclResult_t rc, char const* call, char const* file, int line,
+                                    char const* extra = "") {
+  throw nccl_error(std::string("strata: ") + call + " failed at " + file + ":" +
+                   std::to_string(line) + ": " + ncclGetErrorString(rc) + extra +
+                   " (NCCL_DEBUG=INFO shows NCCL's own account)");
+}
+
 inline void check_nccl(ncclResult_t rc, char const* call, char const* file, int line) {
+  if (rc == ncclInProgress)
+    throw_nccl(rc, call, file, line,
+               ": ncclInProgress from a call checked as blocking (a non-blocking "
+               "communicator's call must go through STRATA_NCCL_CHECK_NONBLOCKING, which polls "
+               "it to completion)");
+  if (rc != ncclSuccess)
+    throw_nccl(rc, call, file, line);
+}
+
+inline void check_nccl_grouped(ncclResult_t rc, char const* call, char const* file, int line) {
   if (rc != ncclSuccess && rc != ncclInProgress)
-    throw nccl_error(std::string("strata: ") + call + " failed at " + file + ":" +
-                     std::to_string(line) + ": " + ncclGetErrorString(rc) +
-                     " (NCCL_DEBUG=INFO shows NCCL's own account)");
+    throw_nccl(rc, call, file, line);
+}
+
+/// Polls ncclCommGetAsyncError(comm) while it says ncclInProgress: returns once the
+/// communicator is ready, throws nccl_error for any other state and comm_timeout naming `what`
+/// and `timeout` when the deadline passes first. Yields between polls (the work is NCCL's
+/// host threads', which need the core).
+inline void wait_nccl_ready(ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
+                            std::chrono::duration<double> timeout, char const* what) {
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t const rc = ncclCommGetAsyncError(comm, &state);
+    if (rc != ncclSuccess)
+      throw_nccl(rc, "ncclCommGetAsyncError", __FILE__, __LINE__);
+    if (state == ncclSuccess)
+      return;
+    if (state != ncclInProgress)
+      throw nccl_error(std::string("strata: ") + what + " failed: " + ncclGetErrorString(state) +
+                       " (reported by ncclCommGetAsyncError; NCCL_DEBUG=INFO shows NCCL's own "
+                       "account)");
+    if (std::chrono::steady_clock::now() > deadline) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", timeout.count());
+      throw comm_timeout(std::string("strata: ") + what + " did not finish within " + secs +
+                         " s (NCCL still reported ncclInProgress): a rank may not have made the "
+                         "same call; STRATA_COMM_TIMEOUT sets the timeout in seconds");
+    }
+    std::this_thread::yield();
+  }
+}
+
+inline void check_nccl_nonblocking(ncclResult_t rc, ncclComm_t comm,
+                                   std::chrono::steady_clock::time_point deadline,
+                                   std::chrono::duration<double> timeout, char const* call,
+                                   char const* file, int line) {
+  if (rc == ncclInProgress)
+    wait_nccl_ready(comm, deadline, timeout, call);
+  else if (rc != ncclSuccess)
+    throw_nccl(rc, call, file, line);
 }
 
 } // namespace detail
 } // namespace strata::comm
 
-/// Checks an NCCL call; throws strata::comm::nccl_error with the call's text on failure.
+/// Checks an NCCL call that completes before it returns; throws strata::comm::nccl_error with
+/// the call's text on failure, ncclInProgress included.
 #define STRATA_NCCL_CHECK(call)                                                                    \
   ::strata::comm::detail::check_nccl((call), #call, __FILE__, __LINE__)
+
+/// Checks a call on non-blocking communicator `nccl_comm` and polls it to completion
+/// (ncclInProgress is legal) until `deadline` (a steady_clock time point); `timeout` is the
+/// duration named in the comm_timeout.
+#define STRATA_NCCL_CHECK_NONBLOCKING(nccl_comm, deadline, timeout, call)                          \
+  ::strata::comm::detail::check_nccl_nonblocking((call), (nccl_comm), (deadline), (timeout),       \
+                                                 #call, __FILE__, __LINE__)
+
+/// Checks a call inside ncclGroupStart/ncclGroupEnd on a non-blocking communicator.
+#define STRATA_NCCL_CHECK_GROUPED(call)                                                            \
+  ::strata::comm::detail::check_nccl_grouped((call), #call, __FILE__, __LINE__)

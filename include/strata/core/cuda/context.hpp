@@ -18,6 +18,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -61,7 +62,8 @@ public:
         own_ledger_(ledger == nullptr
                         ? std::make_unique<memory_ledger>("cuda:" + std::to_string(options.device))
                         : nullptr),
-        ledger_(ledger == nullptr ? own_ledger_.get() : ledger), recorded_(options.events, false) {
+        ledger_(ledger == nullptr ? own_ledger_.get() : ledger),
+        recorded_(std::make_unique<std::atomic<bool>[]>(options.events)) {
     try {
       build();
     } catch (...) {
@@ -93,11 +95,17 @@ public:
   }
   void record(event_type e, stream_type s) {
     STRATA_CUDA_CHECK(cudaEventRecord(e.handle, s));
-    recorded_.at(e.slot) = true;
+    flag(e).store(true, std::memory_order_release);
   }
   /// Makes s wait for e on the device (the host does not wait); an event never recorded throws.
-  void wait(stream_type s, event_type e) {
-    if (!recorded_.at(e.slot))
+  void wait(stream_type s, event_type e) { wait_foreign(s, *this, e); }
+  /// Makes s wait for e, an event of `owner`, another context on the same device (another
+  /// thread-rank's, comm/device_local): cudaStreamWaitEvent orders streams of one device across
+  /// contexts. It waits for the owner's latest record of e at the time of this call, so the
+  /// caller orders this call after that record (comm/device_local does by a host rendezvous).
+  /// An event the owner never recorded throws, as wait() does.
+  void wait_foreign(stream_type s, cuda_context const& owner, event_type e) {
+    if (!owner.flag(e).load(std::memory_order_acquire))
       throw config_error("strata: a stream waits on event " + std::to_string(e.slot) +
                          ", which was never recorded (a record is missing before this wait)");
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(s, e.handle, 0));
@@ -177,6 +185,15 @@ private:
     bool pinned;
   };
 
+  std::atomic<bool>& flag(event_type e) const {
+    if (e.slot >= options_.events)
+      throw config_error("strata: event slot " + std::to_string(e.slot) + " is not one of the " +
+                         std::to_string(options_.events) +
+                         " events of this context's pool (an event of another context, or one "
+                         "not acquired)");
+    return recorded_[e.slot];
+  }
+
   // Everything the context holds, created once. Accounting follows the emulated context: the
   // pinned staging counts as a communication allocation, the workspace as a workspace one.
   void build() {
@@ -235,7 +252,8 @@ private:
   device_context_options options_;
   std::unique_ptr<memory_ledger> own_ledger_;
   memory_ledger* ledger_;
-  std::vector<bool> recorded_;
+  // Atomic: another thread-rank's context reads them (wait_foreign).
+  std::unique_ptr<std::atomic<bool>[]> recorded_;
   std::vector<cudaEvent_t> events_;
   std::size_t next_event_ = 0;
   std::vector<allocation> allocations_;

@@ -7,6 +7,7 @@
 #include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -46,7 +47,8 @@ public:
         own_ledger_(ledger == nullptr ? std::make_unique<memory_ledger>(
                                             "cuda_emulated:" + std::to_string(options.device))
                                       : nullptr),
-        ledger_(ledger == nullptr ? own_ledger_.get() : ledger), recorded_(options.events, false) {
+        ledger_(ledger == nullptr ? own_ledger_.get() : ledger),
+        recorded_(std::make_unique<std::atomic<bool>[]>(options.events)) {
     if (options.pinned_bytes != 0)
       pinned_ = allocate<std::byte>(memory_kind::communication, options.pinned_bytes);
     gemm_workspace_ = allocate<std::byte>(memory_kind::workspace, options.gemm_workspace);
@@ -67,20 +69,25 @@ public:
   /// An event from the pool (options.events of them); throws config_error when it is empty.
   /// Taken while the program is built; an event is reused by recording it again.
   event_type acquire_event() {
-    if (next_event_ == recorded_.size())
+    if (next_event_ == options_.events)
       throw config_error("strata: the device context's event pool (" +
-                         std::to_string(recorded_.size()) +
+                         std::to_string(options_.events) +
                          " events) is used up; raise device_context_options::events");
     return {next_event_++};
   }
-  void record(event_type e, stream_type /*s*/) { recorded_.at(e.slot) = true; }
+  void record(event_type e, stream_type /*s*/) { flag(e).store(true, std::memory_order_release); }
   /// Makes s wait for e: here e is complete once recorded; an event never recorded throws.
-  void wait(stream_type /*s*/, event_type e) {
-    if (!recorded_.at(e.slot))
+  void wait(stream_type s, event_type e) { wait_foreign(s, *this, e); }
+  /// Makes s wait for e, an event of `owner`, another context on the same device (another
+  /// thread-rank's, comm/device_local): as wait(), checked against the owner's record. The
+  /// owner may record its other events on its own thread meanwhile; the caller orders this
+  /// wait after the owner's record of e (comm/device_local does by a host rendezvous).
+  void wait_foreign(stream_type /*s*/, emulated_context const& owner, event_type e) {
+    if (!owner.query(e))
       throw config_error("strata: a stream waits on event " + std::to_string(e.slot) +
                          ", which was never recorded (a record is missing before this wait)");
   }
-  bool query(event_type e) const { return recorded_.at(e.slot); }
+  bool query(event_type e) const { return flag(e).load(std::memory_order_acquire); }
 
   /// The host waits for stream s. Every host synchronisation goes through here and is counted;
   /// `why` names it (a step has exactly one: its loss).
@@ -135,10 +142,20 @@ private:
     memory_kind kind;
   };
 
+  std::atomic<bool>& flag(event_type e) const {
+    if (e.slot >= options_.events)
+      throw config_error("strata: event slot " + std::to_string(e.slot) + " is not one of the " +
+                         std::to_string(options_.events) +
+                         " events of this context's pool (an event of another context, or one "
+                         "not acquired)");
+    return recorded_[e.slot];
+  }
+
   device_context_options options_;
   std::unique_ptr<memory_ledger> own_ledger_;
   memory_ledger* ledger_;
-  std::vector<bool> recorded_;
+  // Atomic: another thread-rank's context reads them (wait_foreign).
+  std::unique_ptr<std::atomic<bool>[]> recorded_;
   std::size_t next_event_ = 0;
   std::vector<allocation> allocations_;
   bool sealed_ = false;

@@ -1,0 +1,273 @@
+// Data parallel on the emulated device: replicas as threads, each a device trainer with its own
+// context and a device_local communicator, against one device trainer on the global batch (the
+// parity contract, f64 and f32, SGD and AdamW, at 2 and 4 replicas); the buckets' reductions
+// issued during backward; no allocation and one host wait a step; faults the comparison catches.
+#include "../support/allocation_count.hpp"
+#include "harness.hpp"
+
+#include <strata/comm/device_local.hpp>
+#include <strata/comm/local.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <barrier>
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+namespace {
+
+using ctx_t = st::emulated_context;
+// Buckets of 1 MiB (the first) and 25 MiB: the small model (about 120 KiB of f32 parameters) is
+// one bucket; the trace test's wider model is cut into several.
+using dp_plan = st::plan<st::data_parallel<>>;
+
+/// Rank r's rows of the global batch d split over n replicas.
+token_data slice(token_data const& d, int n, int r) {
+  std::size_t const per = d.sequences / static_cast<std::size_t>(n);
+  token_data s(per, d.seq, 1, 0);
+  std::size_t const rows = per * d.seq, at = static_cast<std::size_t>(r) * rows;
+  std::copy_n(d.tokens.begin() + static_cast<std::ptrdiff_t>(at), rows, s.tokens.begin());
+  std::copy_n(d.targets.begin() + static_cast<std::ptrdiff_t>(at), rows, s.targets.begin());
+  return s;
+}
+
+/// n replicas, each a device trainer on its share of d; rank 0's record, and whether every
+/// rank ended with rank 0's parameters bit for bit.
+struct dp_run {
+  record r;
+  bool replicas_equal = true;
+  // rank 0's: each reduction issued (its bucket, the backward operations before it), the
+  // program, the buckets
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> trace;
+  st::engine::program program;
+  std::vector<st::parallel::bucket> buckets;
+};
+
+template <class T, class Plan = dp_plan>
+dp_run run_dp(int n, bool adamw, double clip, token_data const& d, std::size_t steps_n = steps,
+              std::function<void(st::engine::program&)> edit = {}) {
+  dp_run out;
+  std::vector<tensors> finals(static_cast<std::size_t>(n));
+  std::mutex mu;
+  st::comm::local::run(n, [&](st::comm::local::communicator& host) {
+    int const r = host.rank();
+    token_data const mine = slice(d, n, r);
+    st::models::gpt_model<T> m{model_config};
+    st::trainer<st::models::gpt_model<T>, Plan, st::cuda_emulated> t(
+        [&](ctx_t& c) { return st::comm::device_local::communicator<ctx_t>(std::move(host), c); },
+        m, make_optimizer<st::compute_t<T>>(adamw), options(clip),
+        {.sequences = mine.sequences, .seq = mine.seq});
+    using E = typename decltype(t)::value_type;
+    if (edit)
+      t.rewrite_program(edit);
+    record rec;
+    auto snap = [&](tensors& to, bool grads) {
+      t.read_back();
+      for (auto const& name : t.parameter_names())
+        to[name] = grads ? widened<E>(t.grads_of(name)) : widened<E>(t.values_of(name));
+    };
+    snap(rec.p0, false);
+    for (std::size_t k = 0; k < steps_n; ++k) {
+      auto const s = t.step(mine.view<T>());
+      rec.losses.push_back(s.loss);
+      rec.skipped.push_back(s.skipped);
+      rec.scales.push_back(s.loss_scale);
+      if (k == 0)
+        snap(rec.g1, true);
+    }
+    snap(rec.p, false);
+    std::lock_guard lock(mu);
+    finals[static_cast<std::size_t>(r)] = rec.p;
+    if (r == 0) {
+      out.r = std::move(rec);
+      for (auto const& x : t.issued_reductions())
+        out.trace.emplace_back(x.bucket, x.backwards_before);
+      out.program = t.program();
+      out.buckets = t.buckets();
+    }
+  });
+  for (auto const& f : finals)
+    out.replicas_equal = out.replicas_equal && f == finals[0];
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("device data parallel: 2 and 4 replicas meet the parity contract against one rank",
+          "[device][data_parallel][parity]") {
+  token_data const d(batch, seq, vocab, 21);
+  for (int n : {2, 4}) {
+    for (bool adamw : {false, true}) {
+      CAPTURE(n, adamw);
+      double const clip = adamw ? 0.5 : 0.0;
+      {
+        auto const dp = run_dp<double>(n, adamw, clip, d);
+        auto const one = run_device<double>(adamw, clip, d);
+        CHECK(dp.replicas_equal);
+        CHECK(dp.r.p0 == one.p0);
+        auto const x = compare(dp.r, one);
+        print(n == 2 ? (adamw ? "f64 adamw, 2 replicas" : "f64 sgd, 2 replicas")
+                     : (adamw ? "f64 adamw, 4 replicas" : "f64 sgd, 4 replicas"),
+              x);
+        CHECK(x.loss <= 1e-12);
+        CHECK(x.param_inf <= 1e-9);
+      }
+      {
+        auto const dp = run_dp<float>(n, adamw, clip, d);
+        auto const one = run_device<float>(adamw, clip, d);
+        CHECK(dp.replicas_equal);
+        auto const x = compare(dp.r, one);
+        print(n == 2 ? (adamw ? "f32 adamw, 2 replicas" : "f32 sgd, 2 replicas")
+                     : (adamw ? "f32 adamw, 4 replicas" : "f32 sgd, 4 replicas"),
+              x);
+        auto const tol = widened_tolerance(
+            run_device<float, st::plan<st::micro_batches<2>>>(adamw, clip, d), one);
+        CHECK(x.loss <= tol.loss);
+        CHECK(x.grad <= 1e-5);
+        CHECK(x.param <= tol.param);
+      }
+    }
+  }
+}
+
+TEST_CASE("device data parallel: each bucket's reduction starts right after its last layer's "
+          "backward, before the backward of the layer below",
+          "[device][data_parallel][trace]") {
+  // A model wide enough for several buckets: each block holds about 3 MiB of f32 parameters.
+  model_config = {.vocab = vocab, .seq = seq, .features = 256, .heads = 4, .layers = 3};
+  token_data const d(2, seq, vocab, 22);
+  // Buckets of 1 MiB: one or two blocks each.
+  auto const dp =
+      run_dp<float, st::plan<st::data_parallel<st::bucket_mib<1>>>>(2, false, 0.0, d, 1);
+  model_config = small_gpt();
+  REQUIRE(dp.replicas_equal);
+  auto const& ops = dp.program.ops;
+  REQUIRE(dp.buckets.size() >= 3);
+  std::size_t collectives = 0;
+  std::uint32_t backwards = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    auto const& o = ops[i];
+    if (o.code == st::engine::op_code::backward)
+      ++backwards;
+    if (o.code != st::engine::op_code::collective)
+      continue;
+    CAPTURE(i, o.arg);
+    auto const& b = dp.buckets.at(o.arg);
+    // Issued right after the backward of the bucket's lowest layer on the last micro-batch ...
+    REQUIRE(i > 0);
+    auto const* prev = &ops[i - 1];
+    for (std::size_t j = i - 1; prev->code == st::engine::op_code::collective; prev = &ops[--j])
+      ;
+    CHECK(prev->code == st::engine::op_code::backward);
+    CHECK(prev->layer == b.ready_layer);
+    CHECK(prev->last());
+    // ... and before the backward of the layer below it.
+    for (std::size_t j = i + 1; j < ops.size(); ++j)
+      if (ops[j].code == st::engine::op_code::backward) {
+        CHECK(ops[j].layer + 1 == b.ready_layer);
+        break;
+      }
+    // The run issued it at that point: after exactly these backward operations.
+    REQUIRE(collectives < dp.trace.size());
+    CHECK(dp.trace[collectives].first == o.arg);
+    CHECK(dp.trace[collectives].second == backwards);
+    ++collectives;
+  }
+  CHECK(collectives == dp.buckets.size());
+  CHECK(dp.trace.size() == dp.buckets.size());
+  std::printf("trace: %zu buckets over %u backward operations\n", dp.buckets.size(), backwards);
+}
+
+TEST_CASE("device data parallel: from the second step nothing is allocated and each replica's "
+          "host waits once a step",
+          "[device][data_parallel][alloc]") {
+  int const n = 2;
+  token_data const d(batch, seq, vocab, 23);
+  std::barrier sync(n);
+  long before = 0, after = 0;
+  std::atomic<int> bad_syncs{0};
+  std::mutex mu;
+  st::comm::local::run(n, [&](st::comm::local::communicator& host) {
+    int const r = host.rank();
+    token_data const mine = slice(d, n, r);
+    st::models::gpt_model<float> m{small_gpt()};
+    st::trainer<st::models::gpt_model<float>, dp_plan, st::cuda_emulated> t(
+        [&](ctx_t& c) { return st::comm::device_local::communicator<ctx_t>(std::move(host), c); },
+        m, make_optimizer<float>(true), options(0.5),
+        {.sequences = mine.sequences, .seq = mine.seq});
+    auto const view = mine.view<float>();
+    (void)t.step(view);
+    auto const& c = t.context().counters();
+    auto const dev = c.device_allocations;
+    auto const calls = t.communication_counters()->total_calls();
+    sync.arrive_and_wait();
+    if (r == 0)
+      before = st::test::allocations.load();
+    sync.arrive_and_wait();
+    for (int k = 0; k < 4; ++k) {
+      auto const syncs = c.host_synchronizations;
+      (void)t.step(view);
+      if (c.host_synchronizations - syncs != 1 || t.synchronizations_in_operations() != 0)
+        ++bad_syncs;
+    }
+    sync.arrive_and_wait();
+    if (r == 0)
+      after = st::test::allocations.load();
+    sync.arrive_and_wait();
+    std::lock_guard lock(mu); // Catch's assertions from one thread at a time
+    CHECK(c.device_allocations == dev);
+    // A bucket and the loss a step.
+    CHECK(t.communication_counters()->total_calls() - calls == 4 * (t.buckets().size() + 1));
+  });
+  CHECK(after - before == 0);
+  CHECK(bad_syncs.load() == 0);
+}
+
+TEST_CASE("device data parallel: the comparison catches a dropped reduction and an unaveraged "
+          "loss",
+          "[device][data_parallel][fault]") {
+  token_data const d(batch, seq, vocab, 24);
+  auto const one = run_device<float>(true, 0.5, d);
+  auto const tol =
+      widened_tolerance(run_device<float, st::plan<st::micro_batches<2>>>(true, 0.5, d), one);
+  // Each replica keeps its own gradients: the replicas part, and neither is the one rank.
+  auto const no_reduce = run_dp<float>(2, true, 0.5, d, steps, [](st::engine::program& p) {
+    std::erase_if(
+        p.ops, [](st::engine::op const& o) { return o.code == st::engine::op_code::collective; });
+  });
+  auto const x = compare(no_reduce.r, one);
+  print("fault: bucket reductions dropped", x);
+  CHECK(!no_reduce.replicas_equal);
+  CHECK(x.grad > 1e-3);
+  CHECK(x.param > tol.param);
+  // The wait dropped: the gradients were averaged (the emulated stream runs them at issue), but
+  // the loss is rank 0's own.
+  auto const no_wait = run_dp<float>(2, true, 0.5, d, steps, [](st::engine::program& p) {
+    std::erase_if(p.ops,
+                  [](st::engine::op const& o) { return o.code == st::engine::op_code::wait; });
+  });
+  auto const y = compare(no_wait.r, one);
+  print("fault: the wait (and the loss's average) dropped", y);
+  CHECK(y.loss > tol.loss);
+}
+
+TEST_CASE("device data parallel: refusals name the fix", "[device][data_parallel][errors]") {
+  st::models::gpt_model<float> m{small_gpt()};
+  CHECK_THROWS_WITH(
+      (st::trainer<st::models::gpt_model<float>, dp_plan, st::cuda_emulated>(
+          m, make_optimizer<float>(false), options(0.0), {.sequences = batch, .seq = seq})),
+      Catch::Contains("without a communicator"));
+  REQUIRE_THROWS_WITH(
+      st::comm::local::run(
+          2,
+          [&](st::comm::local::communicator& host) {
+            st::trainer<st::models::gpt_model<float>, st::plan<>, st::cuda_emulated> t(
+                [&](ctx_t& c) {
+                  return st::comm::device_local::communicator<ctx_t>(std::move(host), c);
+                },
+                m, make_optimizer<float>(false), options(0.0), {.sequences = batch, .seq = seq});
+          }),
+      Catch::Contains("no data_parallel"));
+}
