@@ -43,6 +43,7 @@ struct dp_run {
   std::vector<std::pair<std::uint32_t, std::uint32_t>> trace;
   st::engine::program program;
   std::vector<st::parallel::bucket> buckets;
+  std::size_t state_bytes = 0; // rank 0's optimizer state (and master weights), device memory
 };
 
 template <class T, class Plan = dp_plan>
@@ -85,6 +86,7 @@ dp_run run_dp(int n, bool adamw, double clip, token_data const& d, std::size_t s
       for (auto const& x : t.issued_reductions())
         out.trace.emplace_back(x.bucket, x.backwards_before);
       out.program = t.program();
+      out.state_bytes = t.ledger().current(st::memory_kind::optimizer_state);
       out.buckets = t.buckets();
     }
   });
@@ -130,6 +132,61 @@ TEST_CASE("device data parallel: 2 and 4 replicas meet the parity contract again
       }
     }
   }
+}
+
+TEST_CASE("device ZeRO-1: 2 and 4 replicas, the optimizer state sharded, meet the parity "
+          "contract against one rank",
+          "[device][data_parallel][zero][parity]") {
+  // The gradients after the step are this rank's reduced slices only (the rest is its own
+  // unreduced gradient), so the contract's measures here are the losses and the parameters.
+  using zero1 = st::plan<st::sharded<st::zero<1>>>;
+  token_data const d(batch, seq, vocab, 25);
+  for (int n : {2, 4}) {
+    for (bool adamw : {false, true}) {
+      CAPTURE(n, adamw);
+      double const clip = adamw ? 0.5 : 0.0;
+      {
+        auto const z = run_dp<double, zero1>(n, adamw, clip, d);
+        auto const one = run_device<double>(adamw, clip, d);
+        CHECK(z.replicas_equal);
+        // The optimizer state is this rank's slices: an n-th of the replicated one (with the
+        // segments' padding, under n elements each).
+        auto const full = run_dp<double>(n, adamw, clip, d, 1).state_bytes;
+        CHECK(z.state_bytes * static_cast<std::size_t>(n) >= full);
+        CHECK(z.state_bytes <= full / static_cast<std::size_t>(n) + 2 * sizeof(double) * 8);
+        CHECK(z.r.p0 == one.p0);
+        auto const x = compare(z.r, one);
+        std::printf("ZeRO-1 %d replicas, f64 %s: loss %.3g  param_inf %.3g\n", n,
+                    adamw ? "adamw" : "sgd", x.loss, x.param_inf);
+        CHECK(x.loss <= 1e-12);
+        CHECK(x.param_inf <= 1e-9);
+      }
+      {
+        auto const z = run_dp<float, zero1>(n, adamw, clip, d);
+        auto const one = run_device<float>(adamw, clip, d);
+        CHECK(z.replicas_equal);
+        auto const x = compare(z.r, one);
+        std::printf("ZeRO-1 %d replicas, f32 %s: loss %.3g  param %.3g\n", n,
+                    adamw ? "adamw" : "sgd", x.loss, x.param);
+        auto const tol = widened_tolerance(
+            run_device<float, st::plan<st::micro_batches<2>>>(adamw, clip, d), one);
+        CHECK(x.loss <= tol.loss);
+        CHECK(x.param <= tol.param);
+      }
+    }
+  }
+  // The fault: the updated slices never gathered: each replica keeps the others' slices as they
+  // were, the replicas part and neither follows the one rank.
+  auto const one = run_device<float>(true, 0.5, d);
+  auto const no_gather = run_dp<float, zero1>(2, true, 0.5, d, steps, [](st::engine::program& p) {
+    std::erase_if(p.ops, [](st::engine::op const& o) {
+      return o.code == st::engine::op_code::collective && o.kind == 3;
+    });
+  });
+  auto const y = compare(no_gather.r, one);
+  std::printf("fault: ZeRO-1's gather dropped: loss %.3g  param %.3g\n", y.loss, y.param);
+  CHECK(!no_gather.replicas_equal);
+  CHECK(y.param > 1e-2);
 }
 
 TEST_CASE("device data parallel: each bucket's reduction starts right after its last layer's "

@@ -48,6 +48,14 @@ public:
   virtual void reserve(std::size_t buckets) = 0;
   /// Starts bucket `slot`'s average over the replicas, in place.
   virtual void start_average(std::size_t slot, std::span<T> grads) = 0;
+  /// ZeRO-1: starts bucket `slot`'s average scattered over the replicas, in place: this rank's
+  /// slice `mine` of `full` receives the average of every replica's slice.
+  virtual void start_reduce_scatter(std::size_t slot, std::span<T> full, std::span<T> mine) = 0;
+  /// ZeRO-1: every replica's slice gathered into `full`, in place (mine lies inside it), ordered
+  /// before the compute stream's next work.
+  virtual void gather(std::span<T const> mine, std::span<T> full) = 0;
+  /// The sum over the replicas, ordered before the compute stream's next work.
+  virtual void sum(std::span<double> values) = 0;
   /// Makes stream s wait for every bucket started (the host does not wait).
   virtual void wait_all(typename Ctx::stream_type s) = 0;
   /// The average over the replicas, ordered before the compute stream's next work.
@@ -76,6 +84,12 @@ public:
   void start_average(std::size_t slot, std::span<T> grads) override {
     requests_[slot].emplace(c_.all_reduce_async(grads, comm::reduce_op::avg));
   }
+  void start_reduce_scatter(std::size_t slot, std::span<T> full, std::span<T> mine) override {
+    requests_[slot].emplace(
+        c_.reduce_scatter_async(std::span<T const>(full), mine, comm::reduce_op::avg));
+  }
+  void gather(std::span<T const> mine, std::span<T> full) override { c_.all_gather(mine, full); }
+  void sum(std::span<double> values) override { c_.all_reduce(values, comm::reduce_op::sum); }
   void wait_all(typename Ctx::stream_type s) override {
     for (auto& r : requests_)
       if (r) {

@@ -191,16 +191,17 @@ private:
 namespace detail {
 
 /// Whether a plan's options all run on a device: precision (fp32, bf16, fp16), recompute (none,
-/// full, every<K>, selective), micro_batches<M> and data_parallel.
+/// full, every<K>, selective), micro_batches<M>, data_parallel and sharded<zero<1>>.
 template <class Plan>
 constexpr bool runs_on_device() {
   constexpr plan_descriptor d = Plan::descriptor();
-  bool ok = !d.sharded.enabled && !d.tensor_parallel.enabled && !d.pipeline.enabled &&
-            !d.recompute.offload && !d.precision.accumulate_f32 && !d.precision.reduce_f32;
+  bool ok = !(d.sharded.enabled && d.sharded.stage != 1) && !d.tensor_parallel.enabled &&
+            !d.pipeline.enabled && !d.recompute.offload && !d.precision.accumulate_f32 &&
+            !d.precision.reduce_f32;
   Plan::for_each_option([&]<class O>() {
     if constexpr (plan_option<O>)
       ok = ok && (detail::is_precision<O>::value || detail::is_recompute<O>::value ||
-                  detail::is_data_parallel<O>::value);
+                  detail::is_data_parallel<O>::value || detail::is_sharded<O>::value);
   });
   return ok;
 }
@@ -219,9 +220,9 @@ class trainer<Model, Plan, Device> {
   static_assert(detail::runs_on_device<Plan>(),
                 "strata: this plan names an option that does not run on a device yet: a device "
                 "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K>/"
-                "selective, micro_batches<M> and data_parallel, while sharded, tensor_parallel, "
-                "pipeline_parallel, recompute::offload, precision::reduce and accumulate and "
-                "your own options run on the host trainer");
+                "selective, micro_batches<M>, data_parallel and sharded<zero<1>>, while "
+                "sharded stages 2 and 3, tensor_parallel, pipeline_parallel, recompute::offload, "
+                "precision::reduce and accumulate and your own options run on the host trainer");
   using precision_option = plan_precision_t<Plan>;
   static_assert(option_traits<precision_option>::template can_implement<Model>());
   using model_element = typename Model::value_type;
@@ -280,7 +281,9 @@ public:
 private:
   using group_type = detail::device_data_group<T, M, context_type>;
   using group_maker = std::function<std::unique_ptr<group_type>(context_type&)>;
-  static constexpr bool data_parallel = Plan::descriptor().data_parallel.enabled;
+  // ZeRO-1: the optimizer state (and the f32 master weights) sharded over the replicas.
+  static constexpr bool zero1 = Plan::descriptor().sharded.enabled;
+  static constexpr bool data_parallel = Plan::descriptor().data_parallel.enabled || zero1;
 
   trainer(Model const& model, engine::optimizer_factory<M> optimizer, trainer_options options,
           device_options device, group_maker const& make_group)
@@ -311,14 +314,16 @@ private:
       throw config_error("strata: the device trainer runs optim::adamw and optim::sgd (its "
                          "kernels); this optimizer has none: use one of them, or the host trainer");
     if (data_parallel && !make_group)
-      throw config_error("strata: the plan has data_parallel but the device trainer was built "
+      throw config_error("strata: the plan has data_parallel (or sharded) but the device trainer "
+                         "was built "
                          "without a communicator: build it with trainer(make_world, model, "
                          "optimizer, options, device), make_world returning the replicas' "
                          "communicator on the trainer's context");
     if (!data_parallel && make_group)
-      throw config_error("strata: the device trainer was given a communicator but the plan has "
-                         "no data_parallel: add data_parallel<> to the plan, or build one trainer "
-                         "per rank without a communicator");
+      throw config_error(
+          "strata: the device trainer was given a communicator but the plan has "
+          "no data_parallel (nor sharded): add data_parallel<> to the plan, or build "
+          "one trainer per rank without a communicator");
     build_model(model);
     make_context();
     if (make_group)
@@ -569,6 +574,8 @@ private:
         offset += own[i]->size();
       }
     }
+    if constexpr (zero1)
+      offset = pad_segments();
     f.flat_size = f.tail_begin = offset;
     f.assign_groups();
     values_ = ctx_->template allocate<T>(memory_kind::parameters, offset);
@@ -581,7 +588,18 @@ private:
       e.p->init(options_.seed);
     }
     f.owned.clear();
-    f.add_owned(values_, grads_, 0, offset, 0);
+    if constexpr (zero1) { // this rank's slice of every segment: its updates, its state
+      std::size_t const n = static_cast<std::size_t>(dp_->size());
+      std::size_t const r = static_cast<std::size_t>(dp_->rank());
+      std::size_t shard = 0;
+      for (auto const& b : buckets_) {
+        std::size_t const c = (b.end - b.begin) / n, at = b.begin + r * c;
+        f.add_owned(values_ + at, grads_ + at, at, c, shard);
+        shard += c;
+      }
+    } else {
+      f.add_owned(values_, grads_, 0, offset, 0);
+    }
     std::size_t const n = f.owned_size();
     auto const s = ctx_->compute_stream();
     ctx_->copy_async(s, values_, host_values_.data(), offset * sizeof(T));
@@ -657,11 +675,17 @@ private:
                          std::to_string(all[0]) + " tensors;" + diff +
                          " every dp rank must build the same model");
     dp_->broadcast_values(std::span<T>(values_, flat_.flat_size));
-    if constexpr (sixteen_bit)
+    // (ZeRO-1's master weights are this rank's slices, initialised from the same values.)
+    if constexpr (sixteen_bit && !zero1)
       dp_->broadcast_master(std::span<M>(master_, state_elements_));
+    if (zero1 && !ties_at_.empty())
+      throw config_error("strata: sharded<zero<1>> on a device with tied parameters: the tie's "
+                         "sum reads both members whole, which a rank owns only slices of; untie "
+                         "them, use data_parallel, or train it on the host trainer");
 
     constexpr auto d = Plan::descriptor().data_parallel;
-    buckets_ = parallel::make_buckets(flat_, d.first_bucket_bytes, d.bucket_bytes, 0);
+    if constexpr (!zero1)
+      buckets_ = parallel::make_buckets(flat_, d.first_bucket_bytes, d.bucket_bytes, 0);
     dp_->reserve(buckets_.size());
     issued_.assign(buckets_.size(), {});
     using engine::op;
@@ -672,7 +696,7 @@ private:
         [&](op const& o, std::vector<op>& out) {
           if (!ended && engine::ends_backward(o)) {
             ended = true;
-            if (!d.overlap)
+            if (!zero1 && !d.overlap)
               for (std::uint32_t b = 0; b < buckets_.size(); ++b)
                 out.push_back(engine::pass_op(op_code::collective, owner, b));
             out.push_back(engine::pass_op(op_code::wait, owner, 0, 1));
@@ -680,7 +704,7 @@ private:
           return true;
         },
         [&](op const& o, std::vector<op>& out) {
-          if (o.code == op_code::backward && o.last() && d.overlap)
+          if (o.code == op_code::backward && o.last() && (zero1 || d.overlap))
             for (std::uint32_t b = 0; b < buckets_.size(); ++b)
               if (buckets_[b].ready_layer == o.layer) {
                 op k = engine::pass_op(op_code::collective, owner, b);
@@ -689,8 +713,30 @@ private:
                 k.flags = o.flags;
                 out.push_back(k);
               }
+          if (zero1 && o.code == op_code::optimizer_step) // the updated slices to every rank
+            out.push_back(engine::pass_op(op_code::collective, owner, 0, 3));
         });
     eval_.ops.push_back(engine::pass_op(op_code::collective, owner, 0, 2));
+  }
+
+  // ZeRO-1: the buckets of the unpadded layout become the segments, each padded to a multiple
+  // of the replicas' count so that every rank owns an equal slice; the parameters move up by
+  // the padding before them. Returns the padded flat size.
+  std::size_t pad_segments() {
+    auto& f = flat_;
+    constexpr auto d = Plan::descriptor().sharded;
+    std::size_t const n = static_cast<std::size_t>(dp_->size());
+    buckets_ = parallel::make_buckets(f, d.first_bucket_bytes, d.bucket_bytes, 0);
+    std::size_t at = 0, i = 0;
+    for (auto& b : buckets_) {
+      std::size_t const shift = at - b.begin, size = (b.end - b.begin + n - 1) / n * n;
+      for (; i < f.params.size() && f.params[i].offset < b.end; ++i)
+        f.params[i].offset += shift;
+      b.begin = at;
+      b.end = at + size;
+      at += size;
+    }
+    return at;
   }
 
   void make_buffers() {
@@ -946,8 +992,24 @@ private:
       dp_->average(std::span<double>(losses_, micro_batches_));
       return;
     }
+    std::size_t const n = static_cast<std::size_t>(dp_->size());
+    std::size_t const r = static_cast<std::size_t>(dp_->rank());
+    if (o.kind == 3) { // ZeRO-1: every segment's updated slices gathered in place
+      for (auto const& b : buckets_) {
+        std::size_t const c = (b.end - b.begin) / n;
+        dp_->gather(std::span<T const>(values_ + b.begin + r * c, c),
+                    std::span<T>(values_ + b.begin, b.end - b.begin));
+      }
+      return;
+    }
     auto const& b = buckets_[o.arg];
-    dp_->start_average(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin));
+    if constexpr (zero1) {
+      std::size_t const c = (b.end - b.begin) / n;
+      dp_->start_reduce_scatter(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin),
+                                std::span<T>(grads_ + b.begin + r * c, c));
+    } else {
+      dp_->start_average(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin));
+    }
     if (issued_count_ < issued_.size())
       issued_[issued_count_++] = {o.arg, backwards_};
   }
@@ -971,6 +1033,8 @@ private:
     launch_rows(c, s, 1, 1024,
                 optim::kernels::grad_norm_finish{partials_, at, &scalars_->sum_sq, nullptr, nullptr,
                                                  nullptr, 0.0, 0.0});
+    if constexpr (zero1) // each element is on one rank: the sums of squares add up
+      dp_->sum(std::span<double>(&scalars_->sum_sq, 1));
     launch_elements(
         c, s, 1,
         optim::kernels::finish_clip{scalars_, scaled, options_.grad_norm, options_.clip, 1e-6});
