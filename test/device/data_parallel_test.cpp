@@ -44,6 +44,7 @@ struct dp_run {
   st::engine::program program;
   std::vector<st::parallel::bucket> buckets;
   std::size_t state_bytes = 0; // rank 0's optimizer state (and master weights), device memory
+  std::size_t grad_bytes = 0;  // rank 0's gradients (and staging), device memory
 };
 
 template <class T, class Plan = dp_plan>
@@ -87,6 +88,7 @@ dp_run run_dp(int n, bool adamw, double clip, token_data const& d, std::size_t s
         out.trace.emplace_back(x.bucket, x.backwards_before);
       out.program = t.program();
       out.state_bytes = t.ledger().current(st::memory_kind::optimizer_state);
+      out.grad_bytes = t.ledger().current(st::memory_kind::gradients);
       out.buckets = t.buckets();
     }
   });
@@ -134,39 +136,41 @@ TEST_CASE("device data parallel: 2 and 4 replicas meet the parity contract again
   }
 }
 
-TEST_CASE("device ZeRO-1: 2 and 4 replicas, the optimizer state sharded, meet the parity "
-          "contract against one rank",
-          "[device][data_parallel][zero][parity]") {
-  // The gradients after the step are this rank's reduced slices only (the rest is its own
-  // unreduced gradient), so the contract's measures here are the losses and the parameters.
-  using zero1 = st::plan<st::sharded<st::zero<1>>>;
-  token_data const d(batch, seq, vocab, 25);
+namespace {
+
+// ZeRO-1 or ZeRO-2 at 2 and 4 replicas against one rank, and the fault of its dropped gather.
+template <int S>
+void check_zero() {
+  // The gradients after the step are this rank's reduced slices only, so the contract's
+  // measures here are the losses and the parameters.
+  using zero = st::plan<st::sharded<st::zero<S>>>;
+  token_data const d(batch, seq, vocab, 25 + S);
   for (int n : {2, 4}) {
     for (bool adamw : {false, true}) {
-      CAPTURE(n, adamw);
+      CAPTURE(S, n, adamw);
       double const clip = adamw ? 0.5 : 0.0;
       {
-        auto const z = run_dp<double, zero1>(n, adamw, clip, d);
+        auto const z = run_dp<double, zero>(n, adamw, clip, d);
         auto const one = run_device<double>(adamw, clip, d);
         CHECK(z.replicas_equal);
+        CHECK(z.r.p0 == one.p0);
         // The optimizer state is this rank's slices: an n-th of the replicated one (with the
         // segments' padding, under n elements each).
         auto const full = run_dp<double>(n, adamw, clip, d, 1).state_bytes;
         CHECK(z.state_bytes * static_cast<std::size_t>(n) >= full);
         CHECK(z.state_bytes <= full / static_cast<std::size_t>(n) + 2 * sizeof(double) * 8);
-        CHECK(z.r.p0 == one.p0);
         auto const x = compare(z.r, one);
-        std::printf("ZeRO-1 %d replicas, f64 %s: loss %.3g  param_inf %.3g\n", n,
+        std::printf("ZeRO-%d %d replicas, f64 %s: loss %.3g  param_inf %.3g\n", S, n,
                     adamw ? "adamw" : "sgd", x.loss, x.param_inf);
         CHECK(x.loss <= 1e-12);
         CHECK(x.param_inf <= 1e-9);
       }
       {
-        auto const z = run_dp<float, zero1>(n, adamw, clip, d);
+        auto const z = run_dp<float, zero>(n, adamw, clip, d);
         auto const one = run_device<float>(adamw, clip, d);
         CHECK(z.replicas_equal);
         auto const x = compare(z.r, one);
-        std::printf("ZeRO-1 %d replicas, f32 %s: loss %.3g  param %.3g\n", n,
+        std::printf("ZeRO-%d %d replicas, f32 %s: loss %.3g  param %.3g\n", S, n,
                     adamw ? "adamw" : "sgd", x.loss, x.param);
         auto const tol = widened_tolerance(
             run_device<float, st::plan<st::micro_batches<2>>>(adamw, clip, d), one);
@@ -175,18 +179,69 @@ TEST_CASE("device ZeRO-1: 2 and 4 replicas, the optimizer state sharded, meet th
       }
     }
   }
+  // Two micro-batches a replica (ZeRO-2 reduce-scatters each one's gradients and adds them into
+  // its shard), f64 AdamW with clipping, against one rank's two micro-batches.
+  {
+    using zero_mb = st::plan<st::sharded<st::zero<S>, st::micro_batches<2>>>;
+    auto const z = run_dp<double, zero_mb>(2, true, 0.5, d);
+    auto const one = run_device<double, st::plan<st::micro_batches<2>>>(true, 0.5, d);
+    CHECK(z.replicas_equal);
+    auto const x = compare(z.r, one);
+    std::printf("ZeRO-%d 2 replicas x 2 micro-batches, f64 adamw: loss %.3g  param_inf %.3g\n", S,
+                x.loss, x.param_inf);
+    CHECK(x.loss <= 1e-12);
+    CHECK(x.param_inf <= 1e-9);
+    if constexpr (S == 2) {
+      // The fault: the first micro-batch's reduce-scatters dropped (its gradients never reach
+      // the shards): the parameters follow the second micro-batch alone.
+      auto const skipped = run_dp<double, zero_mb>(2, true, 0.5, d, steps, [](auto& p) {
+        std::erase_if(p.ops, [](st::engine::op const& o) {
+          return o.code == st::engine::op_code::collective && o.kind == 0 && o.micro_batch == 0;
+        });
+      });
+      auto const f = compare(skipped.r, one);
+      std::printf("fault: ZeRO-2's first micro-batch not reduced: param_inf %.3g\n", f.param_inf);
+      CHECK(f.param_inf > 1e-3);
+    }
+  }
   // The fault: the updated slices never gathered: each replica keeps the others' slices as they
   // were, the replicas part and neither follows the one rank.
   auto const one = run_device<float>(true, 0.5, d);
-  auto const no_gather = run_dp<float, zero1>(2, true, 0.5, d, steps, [](st::engine::program& p) {
+  auto const no_gather = run_dp<float, zero>(2, true, 0.5, d, steps, [](st::engine::program& p) {
     std::erase_if(p.ops, [](st::engine::op const& o) {
       return o.code == st::engine::op_code::collective && o.kind == 3;
     });
   });
   auto const y = compare(no_gather.r, one);
-  std::printf("fault: ZeRO-1's gather dropped: loss %.3g  param %.3g\n", y.loss, y.param);
+  std::printf("fault: ZeRO-%d's gather dropped: loss %.3g  param %.3g\n", S, y.loss, y.param);
   CHECK(!no_gather.replicas_equal);
   CHECK(y.param > 1e-2);
+}
+
+} // namespace
+
+TEST_CASE("device ZeRO-1: 2 and 4 replicas, the optimizer state sharded, meet the parity "
+          "contract against one rank",
+          "[device][data_parallel][zero][parity]") {
+  check_zero<1>();
+}
+
+TEST_CASE("device ZeRO-2: 2 and 4 replicas, the optimizer state and the gradients sharded, meet "
+          "the parity contract against one rank",
+          "[device][data_parallel][zero][parity]") {
+  check_zero<2>();
+  // The gradients a replica holds: its shard and two segments' staging, under data parallel's
+  // whole gradients on a model of several segments (d 256, 3 blocks, 1 MiB segments, 4 replicas).
+  model_config = {.vocab = vocab, .seq = seq, .features = 256, .heads = 4, .layers = 3};
+  token_data const d(4, seq, vocab, 29);
+  auto const z2 =
+      run_dp<float, st::plan<st::sharded<st::zero<2>, st::bucket_mib<1>>>>(4, false, 0.0, d, 1);
+  auto const z1 =
+      run_dp<float, st::plan<st::sharded<st::zero<1>, st::bucket_mib<1>>>>(4, false, 0.0, d, 1);
+  model_config = small_gpt();
+  std::printf("gradient bytes a replica: ZeRO-1 %zu, ZeRO-2 %zu\n", z1.grad_bytes, z2.grad_bytes);
+  CHECK(z2.grad_bytes < z1.grad_bytes);
+  CHECK(z2.r.losses == z1.r.losses); // one step: the same forward, the same loss
 }
 
 TEST_CASE("device data parallel: each bucket's reduction starts right after its last layer's "

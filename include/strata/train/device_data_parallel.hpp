@@ -56,6 +56,8 @@ public:
   virtual void gather(std::span<T const> mine, std::span<T> full) = 0;
   /// The sum over the replicas, ordered before the compute stream's next work.
   virtual void sum(std::span<double> values) = 0;
+  /// Makes stream s wait for bucket `slot`'s operation (the host does not wait).
+  virtual void wait_one(std::size_t slot, typename Ctx::stream_type s) = 0;
   /// Makes stream s wait for every bucket started (the host does not wait).
   virtual void wait_all(typename Ctx::stream_type s) = 0;
   /// The average over the replicas, ordered before the compute stream's next work.
@@ -90,6 +92,12 @@ public:
   }
   void gather(std::span<T const> mine, std::span<T> full) override { c_.all_gather(mine, full); }
   void sum(std::span<double> values) override { c_.all_reduce(values, comm::reduce_op::sum); }
+  void wait_one(std::size_t slot, typename Ctx::stream_type s) override {
+    if (auto& r = requests_[slot]) {
+      r->wait_on(s);
+      r.reset();
+    }
+  }
   void wait_all(typename Ctx::stream_type s) override {
     for (auto& r : requests_)
       if (r) {

@@ -191,11 +191,11 @@ private:
 namespace detail {
 
 /// Whether a plan's options all run on a device: precision (fp32, bf16, fp16), recompute (none,
-/// full, every<K>, selective), micro_batches<M>, data_parallel and sharded<zero<1>>.
+/// full, every<K>, selective), micro_batches<M>, data_parallel and sharded<zero<1 or 2>>.
 template <class Plan>
 constexpr bool runs_on_device() {
   constexpr plan_descriptor d = Plan::descriptor();
-  bool ok = !(d.sharded.enabled && d.sharded.stage != 1) && !d.tensor_parallel.enabled &&
+  bool ok = !(d.sharded.enabled && d.sharded.stage == 3) && !d.tensor_parallel.enabled &&
             !d.pipeline.enabled && !d.recompute.offload && !d.precision.accumulate_f32 &&
             !d.precision.reduce_f32;
   Plan::for_each_option([&]<class O>() {
@@ -220,8 +220,8 @@ class trainer<Model, Plan, Device> {
   static_assert(detail::runs_on_device<Plan>(),
                 "strata: this plan names an option that does not run on a device yet: a device "
                 "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K>/"
-                "selective, micro_batches<M>, data_parallel and sharded<zero<1>>, while "
-                "sharded stages 2 and 3, tensor_parallel, pipeline_parallel, recompute::offload, "
+                "selective, micro_batches<M>, data_parallel and sharded<zero<1>> and <zero<2>>, "
+                "while sharded stage 3, tensor_parallel, pipeline_parallel, recompute::offload, "
                 "precision::reduce and accumulate and your own options run on the host trainer");
   using precision_option = plan_precision_t<Plan>;
   static_assert(option_traits<precision_option>::template can_implement<Model>());
@@ -281,9 +281,11 @@ public:
 private:
   using group_type = detail::device_data_group<T, M, context_type>;
   using group_maker = std::function<std::unique_ptr<group_type>(context_type&)>;
-  // ZeRO-1: the optimizer state (and the f32 master weights) sharded over the replicas.
-  static constexpr bool zero1 = Plan::descriptor().sharded.enabled;
-  static constexpr bool data_parallel = Plan::descriptor().data_parallel.enabled || zero1;
+  // ZeRO-1: the optimizer state (and the f32 master weights) sharded over the replicas; ZeRO-2:
+  // the gradients too (each segment staged whole during its backward, then reduce-scattered).
+  static constexpr bool zero = Plan::descriptor().sharded.enabled;
+  static constexpr bool zero2 = zero && Plan::descriptor().sharded.stage == 2;
+  static constexpr bool data_parallel = Plan::descriptor().data_parallel.enabled || zero;
 
   trainer(Model const& model, engine::optimizer_factory<M> optimizer, trainer_options options,
           device_options device, group_maker const& make_group)
@@ -408,8 +410,15 @@ public:
   void read_back() {
     ctx_->copy_async(ctx_->compute_stream(), host_values_.data(), values_,
                      flat_.flat_size * sizeof(T));
-    ctx_->copy_async(ctx_->compute_stream(), host_grads_.data(), grads_,
-                     flat_.flat_size * sizeof(T));
+    if constexpr (zero2) { // this rank's slices of the gradients; the rest reads 0
+      std::fill(host_grads_.begin(), host_grads_.end(), T{});
+      for (auto const& r : flat_.owned)
+        ctx_->copy_async(ctx_->compute_stream(), host_grads_.data() + r.flat, r.grads,
+                         r.count * sizeof(T));
+    } else {
+      ctx_->copy_async(ctx_->compute_stream(), host_grads_.data(), grads_,
+                       flat_.flat_size * sizeof(T));
+    }
     ctx_->synchronize(ctx_->compute_stream(), "a read of the parameters");
   }
   std::span<T const> values_of(std::string const& name) const {
@@ -433,6 +442,8 @@ public:
   void set_gradient_hook(std::function<void(trainer&)> f) { hook_ = std::move(f); }
   /// Writes one gradient element on the device (asynchronously, on the compute stream).
   void write_gradient(std::string const& name, std::size_t index, T value) {
+    if constexpr (zero)
+      throw config_error("strata: write_gradient under sharded: the gradients are slices");
     auto const& e = entry(name);
     planted_ = value;
     ctx_->copy_async(ctx_->compute_stream(), grads_ + e.offset + index, &planted_, sizeof(T));
@@ -574,12 +585,21 @@ private:
         offset += own[i]->size();
       }
     }
-    if constexpr (zero1)
+    if constexpr (zero)
       offset = pad_segments();
     f.flat_size = f.tail_begin = offset;
     f.assign_groups();
     values_ = ctx_->template allocate<T>(memory_kind::parameters, offset);
-    grads_ = ctx_->template allocate<T>(memory_kind::gradients, offset);
+    grad_elements_ = offset;
+    if constexpr (zero2) { // this rank's slices, and the segments' staging
+      grad_elements_ = offset / static_cast<std::size_t>(dp_->size());
+      std::size_t largest = 0;
+      for (auto const& b : buckets_)
+        largest = std::max(largest, b.end - b.begin);
+      for (std::size_t k = 0; k < std::min<std::size_t>(2, buckets_.size()); ++k)
+        staged_[k] = ctx_->template allocate<T>(memory_kind::gradients, largest);
+    }
+    grads_ = ctx_->template allocate<T>(memory_kind::gradients, grad_elements_);
     // Initial values on the host (a function of the name, the seed and the index), then copied.
     host_values_.assign(offset, T{});
     host_grads_.assign(offset, T{});
@@ -588,13 +608,13 @@ private:
       e.p->init(options_.seed);
     }
     f.owned.clear();
-    if constexpr (zero1) { // this rank's slice of every segment: its updates, its state
+    if constexpr (zero) { // this rank's slice of every segment: its updates, its state
       std::size_t const n = static_cast<std::size_t>(dp_->size());
       std::size_t const r = static_cast<std::size_t>(dp_->rank());
       std::size_t shard = 0;
       for (auto const& b : buckets_) {
         std::size_t const c = (b.end - b.begin) / n, at = b.begin + r * c;
-        f.add_owned(values_ + at, grads_ + at, at, c, shard);
+        f.add_owned(values_ + at, zero2 ? grads_ + shard : grads_ + at, at, c, shard);
         shard += c;
       }
     } else {
@@ -603,7 +623,7 @@ private:
     std::size_t const n = f.owned_size();
     auto const s = ctx_->compute_stream();
     ctx_->copy_async(s, values_, host_values_.data(), offset * sizeof(T));
-    ctx_->memset_async(s, grads_, 0, offset * sizeof(T));
+    ctx_->memset_async(s, grads_, 0, grad_elements_ * sizeof(T));
     if constexpr (sixteen_bit) { // f32 master weights, initialised in f32 as the host's pass
       master_ = ctx_->template allocate<M>(memory_kind::optimizer_state, n);
       std::vector<M> m(n);
@@ -628,8 +648,15 @@ private:
     state_elements_ = n;
     for (auto const& [a, b] : tie_names_)
       ties_at_.push_back({entry(a).offset, entry(b).offset, entry(a).p->size()});
-    for (auto& e : f.params)
-      e.p->bind(values_ + e.offset, grads_ + e.offset);
+    for (std::size_t i = 0; i < f.params.size(); ++i) {
+      auto& e = f.params[i];
+      if constexpr (zero2) { // backward writes into its segment's staging
+        auto const& b = buckets_[segment_of_[i]];
+        e.p->bind(values_ + e.offset, staged_[segment_of_[i] % 2] + (e.offset - b.begin));
+      } else {
+        e.p->bind(values_ + e.offset, grads_ + e.offset);
+      }
+    }
     ctx_->synchronize(s, "the initial parameters"); // host_values_ is reused by read_back
   }
 
@@ -676,15 +703,15 @@ private:
                          " every dp rank must build the same model");
     dp_->broadcast_values(std::span<T>(values_, flat_.flat_size));
     // (ZeRO-1's master weights are this rank's slices, initialised from the same values.)
-    if constexpr (sixteen_bit && !zero1)
+    if constexpr (sixteen_bit && !zero)
       dp_->broadcast_master(std::span<M>(master_, state_elements_));
-    if (zero1 && !ties_at_.empty())
-      throw config_error("strata: sharded<zero<1>> on a device with tied parameters: the tie's "
+    if (zero && !ties_at_.empty())
+      throw config_error("strata: sharded (ZeRO) on a device with tied parameters: the tie's "
                          "sum reads both members whole, which a rank owns only slices of; untie "
                          "them, use data_parallel, or train it on the host trainer");
 
     constexpr auto d = Plan::descriptor().data_parallel;
-    if constexpr (!zero1)
+    if constexpr (!zero)
       buckets_ = parallel::make_buckets(flat_, d.first_bucket_bytes, d.bucket_bytes, 0);
     dp_->reserve(buckets_.size());
     issued_.assign(buckets_.size(), {});
@@ -694,9 +721,17 @@ private:
     bool ended = false;
     program_.rewrite(
         [&](op const& o, std::vector<op>& out) {
+          if (zero2 && o.code == op_code::backward) // a segment's staging zeroed before it
+            for (std::uint32_t b = 0; b < buckets_.size(); ++b)
+              if (top_layer_[b] == o.layer) {
+                op k = engine::pass_op(op_code::collective, owner, b, 4);
+                k.layer = o.layer;
+                k.micro_batch = o.micro_batch;
+                out.push_back(k);
+              }
           if (!ended && engine::ends_backward(o)) {
             ended = true;
-            if (!zero1 && !d.overlap)
+            if (!zero && !d.overlap)
               for (std::uint32_t b = 0; b < buckets_.size(); ++b)
                 out.push_back(engine::pass_op(op_code::collective, owner, b));
             out.push_back(engine::pass_op(op_code::wait, owner, 0, 1));
@@ -704,7 +739,7 @@ private:
           return true;
         },
         [&](op const& o, std::vector<op>& out) {
-          if (o.code == op_code::backward && o.last() && (zero1 || d.overlap))
+          if (o.code == op_code::backward && (o.last() || zero2) && (zero || d.overlap))
             for (std::uint32_t b = 0; b < buckets_.size(); ++b)
               if (buckets_[b].ready_layer == o.layer) {
                 op k = engine::pass_op(op_code::collective, owner, b);
@@ -713,7 +748,7 @@ private:
                 k.flags = o.flags;
                 out.push_back(k);
               }
-          if (zero1 && o.code == op_code::optimizer_step) // the updated slices to every rank
+          if (zero && o.code == op_code::optimizer_step) // the updated slices to every rank
             out.push_back(engine::pass_op(op_code::collective, owner, 0, 3));
         });
     eval_.ops.push_back(engine::pass_op(op_code::collective, owner, 0, 2));
@@ -726,12 +761,39 @@ private:
     auto& f = flat_;
     constexpr auto d = Plan::descriptor().sharded;
     std::size_t const n = static_cast<std::size_t>(dp_->size());
-    buckets_ = parallel::make_buckets(f, d.first_bucket_bytes, d.bucket_bytes, 0);
+    // Segments of whole layers in backward order (so that a layer's backward writes into one
+    // segment's staging under ZeRO-2), each closed once it holds its cap, the first's smaller.
+    buckets_.clear();
+    parallel::bucket cur{};
+    bool open = false;
+    for (std::size_t k = 0; k < f.params.size(); ++k) {
+      auto const& e = f.params[k];
+      if (!open) {
+        cur = {e.offset, e.offset, e.layer};
+        open = true;
+      }
+      cur.ready_layer = std::min(cur.ready_layer, e.layer);
+      cur.end = e.offset + e.p->size();
+      bool const layer_ends = k + 1 == f.params.size() || f.params[k + 1].layer != e.layer;
+      std::size_t const cap =
+          (buckets_.empty() ? d.first_bucket_bytes : d.bucket_bytes) / sizeof(T);
+      if (layer_ends && cur.end - cur.begin >= cap) {
+        buckets_.push_back(cur);
+        open = false;
+      }
+    }
+    if (open)
+      buckets_.push_back(cur);
+    segment_of_.assign(f.params.size(), 0);
+    top_layer_.assign(buckets_.size(), 0);
     std::size_t at = 0, i = 0;
     for (auto& b : buckets_) {
       std::size_t const shift = at - b.begin, size = (b.end - b.begin + n - 1) / n * n;
-      for (; i < f.params.size() && f.params[i].offset < b.end; ++i)
+      for (; i < f.params.size() && f.params[i].offset < b.end; ++i) {
         f.params[i].offset += shift;
+        segment_of_[i] = static_cast<std::uint32_t>(&b - buckets_.data());
+        top_layer_[segment_of_[i]] = std::max(top_layer_[segment_of_[i]], f.params[i].layer);
+      }
       b.begin = at;
       b.end = at + size;
       at += size;
@@ -912,7 +974,7 @@ private:
     for (engine::op const& o : p.ops) {
       switch (o.code) {
       case engine::op_code::zero_grad:
-        c.memset_async(s, grads_, 0, flat_.flat_size * sizeof(T));
+        c.memset_async(s, grads_, 0, grad_elements_ * sizeof(T));
         launch_elements(c, s, 1, optim::kernels::begin_step{scalars_, scaled});
         break;
       case engine::op_code::forward: {
@@ -957,6 +1019,12 @@ private:
         run_collective(o);
         break;
       case engine::op_code::wait: // every bucket's average, then the loss's (kind 1)
+        if constexpr (zero2)
+          for (auto& k : staged_by_)
+            if (k != none) {
+              drain(k);
+              k = none;
+            }
         dp_->wait_all(s);
         dp_->average(std::span<double>(losses_, micro_batches_));
         break;
@@ -985,6 +1053,19 @@ private:
 
   bool wants_norm() const noexcept { return scaled || options_.clip > 0 || options_.grad_norm; }
 
+  // ZeRO-2: segment k's reduce-scatter waited for by the compute stream, and this rank's
+  // averaged slice added into its gradient shard (a micro-batch's share).
+  void drain(std::size_t k) {
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    dp_->wait_one(k, s);
+    auto const& b = buckets_[k];
+    std::size_t const n = static_cast<std::size_t>(dp_->size());
+    std::size_t const r = static_cast<std::size_t>(dp_->rank());
+    std::size_t const cnt = (b.end - b.begin) / n;
+    launch_elements(c, s, cnt, tie_sum{grads_ + b.begin / n, staged_[k % 2] + r * cnt, true});
+  }
+
   // A bucket's average started on the communication stream (kind 0), or, forward only, the
   // loss averaged over the replicas (kind 2).
   void run_collective(engine::op const& o) {
@@ -1003,7 +1084,21 @@ private:
       return;
     }
     auto const& b = buckets_[o.arg];
-    if constexpr (zero1) {
+    if constexpr (zero2) {
+      T* const staged = staged_[o.arg % 2];
+      if (o.kind == 4) { // before the segment's backward: its staging freed and zeroed
+        auto& last = staged_by_[o.arg % 2];
+        if (last != none)
+          drain(last);
+        last = none;
+        ctx_->memset_async(ctx_->compute_stream(), staged, 0, (b.end - b.begin) * sizeof(T));
+        return;
+      }
+      std::size_t const c = (b.end - b.begin) / n;
+      dp_->start_reduce_scatter(o.arg, std::span<T>(staged, b.end - b.begin),
+                                std::span<T>(staged + r * c, c));
+      staged_by_[o.arg % 2] = o.arg;
+    } else if constexpr (zero) {
       std::size_t const c = (b.end - b.begin) / n;
       dp_->start_reduce_scatter(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin),
                                 std::span<T>(grads_ + b.begin + r * c, c));
@@ -1033,7 +1128,7 @@ private:
     launch_rows(c, s, 1, 1024,
                 optim::kernels::grad_norm_finish{partials_, at, &scalars_->sum_sq, nullptr, nullptr,
                                                  nullptr, 0.0, 0.0});
-    if constexpr (zero1) // each element is on one rank: the sums of squares add up
+    if constexpr (zero) // each element is on one rank: the sums of squares add up
       dp_->sum(std::span<double>(&scalars_->sum_sq, 1));
     launch_elements(
         c, s, 1,
@@ -1114,14 +1209,17 @@ public:
   // A tied set's gradient: both members get a + b, summed in the compute type, rounded once
   // (engine::tied_gradients's arithmetic). Public: nvcc refuses a private nested type as a
   // __global__ kernel's template argument.
+  // With only_a (ZeRO-2's accumulation of a micro-batch's averaged slice), b is left as it is.
   struct tie_sum {
     T* a;
     T* b;
+    bool only_a = false;
     STRATA_HD void operator()(std::size_t i) const {
       T const v = strata::kernels::narrow<T>(strata::kernels::widen<M>(a[i]) +
                                              strata::kernels::widen<M>(b[i]));
       a[i] = v;
-      b[i] = v;
+      if (!only_a)
+        b[i] = v;
     }
   };
 
@@ -1182,6 +1280,13 @@ private:
   std::size_t issued_count_ = 0;
   std::uint32_t backwards_ = 0;
   std::int64_t* checks_ = nullptr; // the replica check's gathered numbers (device)
+  // ZeRO
+  std::size_t grad_elements_ = 0;         // of grads_: the flat size, or ZeRO-2's shard
+  std::vector<std::uint32_t> segment_of_; // each parameter's segment (buckets_)
+  std::vector<std::uint32_t> top_layer_;  // each segment's highest layer (its backward's first)
+  T* staged_[2] = {nullptr, nullptr};     // ZeRO-2: segment k's gradients in staged_[k % 2]
+  static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  std::size_t staged_by_[2] = {none, none}; // the segment whose reduce-scatter each holds
 };
 
 } // namespace strata
