@@ -1063,7 +1063,7 @@ private:
     std::size_t const n = static_cast<std::size_t>(dp_->size());
     std::size_t const r = static_cast<std::size_t>(dp_->rank());
     std::size_t const cnt = (b.end - b.begin) / n;
-    launch_elements(c, s, cnt, tie_sum{grads_ + b.begin / n, staged_[k % 2] + r * cnt, true});
+    launch_elements(c, s, cnt, add_into{grads_ + b.begin / n, staged_[k % 2] + r * cnt});
   }
 
   // A bucket's average started on the communication stream (kind 0), or, forward only, the
@@ -1209,17 +1209,24 @@ public:
   // A tied set's gradient: both members get a + b, summed in the compute type, rounded once
   // (engine::tied_gradients's arithmetic). Public: nvcc refuses a private nested type as a
   // __global__ kernel's template argument.
-  // With only_a (ZeRO-2's accumulation of a micro-batch's averaged slice), b is left as it is.
   struct tie_sum {
     T* a;
     T* b;
-    bool only_a = false;
     STRATA_HD void operator()(std::size_t i) const {
       T const v = strata::kernels::narrow<T>(strata::kernels::widen<M>(a[i]) +
                                              strata::kernels::widen<M>(b[i]));
       a[i] = v;
-      if (!only_a)
-        b[i] = v;
+      b[i] = v;
+    }
+  };
+  // ZeRO-2: a micro-batch's averaged slice b added into the gradient shard a, in the compute
+  // type, rounded once.
+  struct add_into {
+    T* a;
+    T const* b;
+    STRATA_HD void operator()(std::size_t i) const {
+      a[i] = strata::kernels::narrow<T>(strata::kernels::widen<M>(a[i]) +
+                                        strata::kernels::widen<M>(b[i]));
     }
   };
 
