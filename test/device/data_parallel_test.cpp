@@ -382,4 +382,38 @@ TEST_CASE("device data parallel: refusals name the fix", "[device][data_parallel
                 m, make_optimizer<float>(false), options(0.0), {.sequences = batch, .seq = seq});
           }),
       Catch::Contains("no data_parallel"));
+  // A token-weighted batch (here a loss mask) across replicas: refused at the step, every rank.
+  token_data const masked(batch, seq, vocab, 30);
+  REQUIRE_THROWS_WITH(st::comm::local::run(
+                          2,
+                          [&](st::comm::local::communicator& host) {
+                            token_data mine = slice(masked, 2, host.rank());
+                            mine.mask.assign(mine.targets.size(), 1.0f);
+                            st::trainer<st::models::gpt_model<float>, dp_plan, st::cuda_emulated> t(
+                                [&](ctx_t& c) {
+                                  return st::comm::device_local::communicator<ctx_t>(
+                                      std::move(host), c);
+                                },
+                                m, make_optimizer<float>(false), options(0.0),
+                                {.sequences = mine.sequences, .seq = seq, .loss_mask = true});
+                            (void)t.step(mine.view<float>());
+                          }),
+                      Catch::Contains("token-weighted"));
+  // Tied embeddings under ZeRO: refused at build, every rank.
+  auto tied_config = small_gpt();
+  tied_config.tie_embeddings = true;
+  st::models::gpt_model<float> tied{tied_config};
+  REQUIRE_THROWS_WITH(
+      st::comm::local::run(
+          2,
+          [&](st::comm::local::communicator& host) {
+            st::trainer<st::models::gpt_model<float>, st::plan<st::sharded<st::zero<1>>>,
+                        st::cuda_emulated>
+                t(
+                    [&](ctx_t& c) {
+                      return st::comm::device_local::communicator<ctx_t>(std::move(host), c);
+                    },
+                    tied, make_optimizer<float>(false), options(0.0), {.sequences = 2, .seq = seq});
+          }),
+      Catch::Contains("tied parameters"));
 }
