@@ -45,6 +45,8 @@ struct dp_run {
   std::vector<st::parallel::bucket> buckets;
   std::size_t state_bytes = 0; // rank 0's optimizer state (and master weights), device memory
   std::size_t grad_bytes = 0;  // rank 0's gradients (and staging), device memory
+  std::size_t param_bytes = 0; // rank 0's parameters (and ZeRO-3's gathered slots)
+  std::size_t gathers = 0, prefetched = 0; // ZeRO-3: the last step's segment gathers
 };
 
 template <class T, class Plan = dp_plan>
@@ -89,6 +91,9 @@ dp_run run_dp(int n, bool adamw, double clip, token_data const& d, std::size_t s
       out.program = t.program();
       out.state_bytes = t.ledger().current(st::memory_kind::optimizer_state);
       out.grad_bytes = t.ledger().current(st::memory_kind::gradients);
+      out.param_bytes = t.ledger().current(st::memory_kind::parameters);
+      out.gathers = t.gathers().started;
+      out.prefetched = t.gathers().prefetched;
       out.buckets = t.buckets();
     }
   });
@@ -158,7 +163,8 @@ void check_zero() {
         // segments' padding, under n elements each).
         auto const full = run_dp<double>(n, adamw, clip, d, 1).state_bytes;
         CHECK(z.state_bytes * static_cast<std::size_t>(n) >= full);
-        CHECK(z.state_bytes <= full / static_cast<std::size_t>(n) + 2 * sizeof(double) * 8);
+        CHECK(z.state_bytes <=
+              full / static_cast<std::size_t>(n) + 2 * sizeof(double) * z.buckets.size());
         auto const x = compare(z.r, one);
         std::printf("ZeRO-%d %d replicas, f64 %s: loss %.3g  param_inf %.3g\n", S, n,
                     adamw ? "adamw" : "sgd", x.loss, x.param_inf);
@@ -191,7 +197,7 @@ void check_zero() {
                 x.loss, x.param_inf);
     CHECK(x.loss <= 1e-12);
     CHECK(x.param_inf <= 1e-9);
-    if constexpr (S == 2) {
+    if constexpr (S >= 2) {
       // The fault: the first micro-batch's reduce-scatters dropped (its gradients never reach
       // the shards): the parameters follow the second micro-batch alone.
       auto const skipped = run_dp<double, zero_mb>(2, true, 0.5, d, steps, [](auto& p) {
@@ -200,22 +206,46 @@ void check_zero() {
         });
       });
       auto const f = compare(skipped.r, one);
-      std::printf("fault: ZeRO-2's first micro-batch not reduced: param_inf %.3g\n", f.param_inf);
+      std::printf("fault: ZeRO-%d's first micro-batch not reduced: param_inf %.3g\n", S,
+                  f.param_inf);
       CHECK(f.param_inf > 1e-3);
     }
   }
-  // The fault: the updated slices never gathered: each replica keeps the others' slices as they
-  // were, the replicas part and neither follows the one rank.
   auto const one = run_device<float>(true, 0.5, d);
-  auto const no_gather = run_dp<float, zero>(2, true, 0.5, d, steps, [](st::engine::program& p) {
-    std::erase_if(p.ops, [](st::engine::op const& o) {
-      return o.code == st::engine::op_code::collective && o.kind == 3;
+  if constexpr (S < 3) {
+    // The fault: the updated slices never gathered: each replica keeps the others' slices as
+    // they were, the replicas part and neither follows the one rank.
+    auto const no_gather = run_dp<float, zero>(2, true, 0.5, d, steps, [](st::engine::program& p) {
+      std::erase_if(p.ops, [](st::engine::op const& o) {
+        return o.code == st::engine::op_code::collective && o.kind == 3;
+      });
     });
-  });
-  auto const y = compare(no_gather.r, one);
-  std::printf("fault: ZeRO-%d's gather dropped: loss %.3g  param %.3g\n", S, y.loss, y.param);
-  CHECK(!no_gather.replicas_equal);
-  CHECK(y.param > 1e-2);
+    auto const y = compare(no_gather.r, one);
+    std::printf("fault: ZeRO-%d's gather dropped: loss %.3g  param %.3g\n", S, y.loss, y.param);
+    CHECK(!no_gather.replicas_equal);
+    CHECK(y.param > 1e-2);
+  } else {
+    // The fault: the forward's gathers dropped: from the second step the forward reads the
+    // values the slot holds from the step before (stale by one update).
+    auto const stale = run_dp<float, zero>(2, true, 0.5, d, steps, [](st::engine::program& p) {
+      std::vector<st::engine::op> kept;
+      for (std::size_t i = 0; i < p.ops.size(); ++i) {
+        auto const& o = p.ops[i];
+        std::size_t j = i + 1; // the operation the gather is for (past the prefetches)
+        while (j < p.ops.size() && p.ops[j].code == st::engine::op_code::collective)
+          ++j;
+        bool const gather = o.code == st::engine::op_code::collective && o.kind == 5;
+        if (!(gather && j < p.ops.size() && p.ops[j].code == st::engine::op_code::forward))
+          kept.push_back(o);
+      }
+      p.ops = std::move(kept);
+    });
+    auto const y = compare(stale.r, one);
+    std::printf("fault: ZeRO-3's forward gathers dropped: loss %.3g  param %.3g\n", y.loss,
+                y.param);
+    CHECK(y.loss > 1e-4);
+    CHECK(y.param > 1e-3);
+  }
 }
 
 } // namespace
@@ -242,6 +272,79 @@ TEST_CASE("device ZeRO-2: 2 and 4 replicas, the optimizer state and the gradient
   std::printf("gradient bytes a replica: ZeRO-1 %zu, ZeRO-2 %zu\n", z1.grad_bytes, z2.grad_bytes);
   CHECK(z2.grad_bytes < z1.grad_bytes);
   CHECK(z2.r.losses == z1.r.losses); // one step: the same forward, the same loss
+}
+
+TEST_CASE("device ZeRO-3: 2 and 4 replicas, the parameters sharded too, meet the parity contract "
+          "against one rank; each segment's gather is prefetched while the segment before runs",
+          "[device][data_parallel][zero][parity]") {
+  check_zero<3>();
+  // The parameters a replica holds: its slices and two segments' gathered values, under the
+  // whole parameters of ZeRO-2 (d 256, 3 blocks, units of one layer, 4 replicas). SGD without
+  // clipping: every element's arithmetic is that of ZeRO-2, bit for bit, whatever the units.
+  model_config = {.vocab = vocab, .seq = seq, .features = 256, .heads = 4, .layers = 3};
+  token_data const d(4, seq, vocab, 31);
+  auto const z3 = run_dp<float, st::plan<st::sharded<st::zero<3>>>>(4, false, 0.0, d, 2);
+  auto const z2 =
+      run_dp<float, st::plan<st::sharded<st::zero<2>, st::bucket_mib<1>>>>(4, false, 0.0, d, 2);
+  // Units of two layers, two segments prefetched ahead (three slots); and the forward's gathers
+  // kept for the backward (a slot a unit).
+  auto const wide =
+      run_dp<float, st::plan<st::sharded<st::zero<3>, st::unit_layers<2>, st::prefetch<2>>>>(
+          4, false, 0.0, d, 2);
+  auto const kept =
+      run_dp<float, st::plan<st::sharded<st::zero<3>, st::reshard_after_forward<false>>>>(
+          4, false, 0.0, d, 2);
+  auto const one = run_device<float>(false, 0.0, d, 2);
+  model_config = small_gpt();
+  std::size_t const segments = z3.buckets.size();
+  std::printf("parameter bytes a replica: ZeRO-2 %zu, ZeRO-3 %zu (%zu units), units of 2 "
+              "prefetched 2 ahead %zu, kept from forward to backward %zu\n",
+              z2.param_bytes, z3.param_bytes, segments, wide.param_bytes, kept.param_bytes);
+  REQUIRE(segments >= 3);
+  CHECK(z3.param_bytes < z2.param_bytes);
+  CHECK(kept.param_bytes > z2.param_bytes); // every unit's slot and the slices
+  CHECK(z3.replicas_equal);
+  CHECK(z3.r.losses == z2.r.losses);
+  CHECK(wide.r.losses == z2.r.losses);
+  CHECK(kept.r.losses == z2.r.losses);
+  CHECK(z3.r.p == z2.r.p);
+  auto const x = compare(z3.r, one);
+  CHECK(x.loss <= 1e-5);
+  // Each unit gathered once for the forward and once for the backward, but the two the slots
+  // hold at the turn (units 0 and 1); every gather but the step's first prefetched. Units of
+  // two with three slots, and kept: each unit gathered once, its slot held to the backward.
+  std::printf("ZeRO-3 gathers a step: %zu (%zu prefetched); units of 2: %zu (%zu); kept: %zu "
+              "(%zu)\n",
+              z3.gathers, z3.prefetched, wide.gathers, wide.prefetched, kept.gathers,
+              kept.prefetched);
+  CHECK(z3.gathers == 2 * segments - 2);
+  CHECK(z3.prefetched == z3.gathers - 1);
+  CHECK(wide.buckets.size() == (segments + 1) / 2);
+  CHECK(wide.gathers == wide.buckets.size());
+  CHECK(wide.prefetched == wide.gathers - 1);
+  CHECK(kept.gathers == segments);
+  CHECK(kept.prefetched == segments - 1);
+  // In the program: each gather (kind 5) of a segment after the first follows that segment's
+  // prefetch (kind 6), issued before the layers of the segment before it.
+  auto const& ops = z3.program.ops;
+  std::size_t fives = 0;
+  for (std::size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].code != st::engine::op_code::collective || ops[i].kind != 5)
+      continue;
+    CAPTURE(i, ops[i].arg);
+    if (fives++ == 0)
+      continue;
+    std::size_t j = i;
+    while (j-- > 0 && !(ops[j].code == st::engine::op_code::collective && ops[j].kind == 6 &&
+                        ops[j].arg == ops[i].arg))
+      ;
+    REQUIRE(j < i);
+    bool compute_between = false;
+    for (std::size_t k = j + 1; k < i; ++k)
+      compute_between = compute_between || ops[k].code == st::engine::op_code::forward ||
+                        ops[k].code == st::engine::op_code::backward;
+    CHECK(compute_between);
+  }
 }
 
 TEST_CASE("device data parallel: each bucket's reduction starts right after its last layer's "
@@ -292,9 +395,10 @@ TEST_CASE("device data parallel: each bucket's reduction starts right after its 
   std::printf("trace: %zu buckets over %u backward operations\n", dp.buckets.size(), backwards);
 }
 
-TEST_CASE("device data parallel: from the second step nothing is allocated and each replica's "
-          "host waits once a step",
-          "[device][data_parallel][alloc]") {
+namespace {
+
+template <class Plan>
+void check_steady_state() {
   int const n = 2;
   token_data const d(batch, seq, vocab, 23);
   std::barrier sync(n);
@@ -305,7 +409,7 @@ TEST_CASE("device data parallel: from the second step nothing is allocated and e
     int const r = host.rank();
     token_data const mine = slice(d, n, r);
     st::models::gpt_model<float> m{small_gpt()};
-    st::trainer<st::models::gpt_model<float>, dp_plan, st::cuda_emulated> t(
+    st::trainer<st::models::gpt_model<float>, Plan, st::cuda_emulated> t(
         [&](ctx_t& c) { return st::comm::device_local::communicator<ctx_t>(std::move(host), c); },
         m, make_optimizer<float>(true), options(0.5),
         {.sequences = mine.sequences, .seq = mine.seq});
@@ -330,11 +434,31 @@ TEST_CASE("device data parallel: from the second step nothing is allocated and e
     sync.arrive_and_wait();
     std::lock_guard lock(mu); // Catch's assertions from one thread at a time
     CHECK(c.device_allocations == dev);
-    // A bucket and the loss a step.
-    CHECK(t.communication_counters()->total_calls() - calls == 4 * (t.buckets().size() + 1));
+    // Data parallel: a bucket and the loss a step.
+    if constexpr (std::is_same_v<Plan, dp_plan>)
+      CHECK(t.communication_counters()->total_calls() - calls == 4 * (t.buckets().size() + 1));
   });
   CHECK(after - before == 0);
   CHECK(bad_syncs.load() == 0);
+}
+
+} // namespace
+
+TEST_CASE("device data parallel and ZeRO-1/2/3: from the second step nothing is allocated and "
+          "each replica's host waits once a step",
+          "[device][data_parallel][alloc]") {
+  SECTION("data parallel") {
+    check_steady_state<dp_plan>();
+  }
+  SECTION("ZeRO-1") {
+    check_steady_state<st::plan<st::sharded<st::zero<1>>>>();
+  }
+  SECTION("ZeRO-2") {
+    check_steady_state<st::plan<st::sharded<st::zero<2>>>>();
+  }
+  SECTION("ZeRO-3") {
+    check_steady_state<st::plan<st::sharded<st::zero<3>>>>();
+  }
 }
 
 TEST_CASE("device data parallel: the comparison catches a dropped reduction and an unaveraged "

@@ -54,6 +54,9 @@ public:
   /// ZeRO-1: every replica's slice gathered into `full`, in place (mine lies inside it), ordered
   /// before the compute stream's next work.
   virtual void gather(std::span<T const> mine, std::span<T> full) = 0;
+  /// ZeRO-3: starts every replica's slice `mine` gathered into `full` (request `slot`; mine lies
+  /// outside it), after the compute stream's work so far.
+  virtual void start_gather(std::size_t slot, std::span<T const> mine, std::span<T> full) = 0;
   /// The sum over the replicas, ordered before the compute stream's next work.
   virtual void sum(std::span<double> values) = 0;
   /// Makes stream s wait for bucket `slot`'s operation (the host does not wait).
@@ -91,6 +94,9 @@ public:
         c_.reduce_scatter_async(std::span<T const>(full), mine, comm::reduce_op::avg));
   }
   void gather(std::span<T const> mine, std::span<T> full) override { c_.all_gather(mine, full); }
+  void start_gather(std::size_t slot, std::span<T const> mine, std::span<T> full) override {
+    requests_[slot].emplace(c_.all_gather_async(mine, full));
+  }
   void sum(std::span<double> values) override { c_.all_reduce(values, comm::reduce_op::sum); }
   void wait_one(std::size_t slot, typename Ctx::stream_type s) override {
     if (auto& r = requests_[slot]) {

@@ -191,13 +191,12 @@ private:
 namespace detail {
 
 /// Whether a plan's options all run on a device: precision (fp32, bf16, fp16), recompute (none,
-/// full, every<K>, selective), micro_batches<M>, data_parallel and sharded<zero<1 or 2>>.
+/// full, every<K>, selective), micro_batches<M>, data_parallel and sharded<zero<1, 2 or 3>>.
 template <class Plan>
 constexpr bool runs_on_device() {
   constexpr plan_descriptor d = Plan::descriptor();
-  bool ok = !(d.sharded.enabled && d.sharded.stage == 3) && !d.tensor_parallel.enabled &&
-            !d.pipeline.enabled && !d.recompute.offload && !d.precision.accumulate_f32 &&
-            !d.precision.reduce_f32;
+  bool ok = !d.tensor_parallel.enabled && !d.pipeline.enabled && !d.recompute.offload &&
+            !d.precision.accumulate_f32 && !d.precision.reduce_f32;
   Plan::for_each_option([&]<class O>() {
     if constexpr (plan_option<O>)
       ok = ok && (detail::is_precision<O>::value || detail::is_recompute<O>::value ||
@@ -217,12 +216,13 @@ template <engine::model Model, class Plan, class Device>
 requires context_device<Device>
 class trainer<Model, Plan, Device> {
   static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
-  static_assert(detail::runs_on_device<Plan>(),
-                "strata: this plan names an option that does not run on a device yet: a device "
-                "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K>/"
-                "selective, micro_batches<M>, data_parallel and sharded<zero<1>> and <zero<2>>, "
-                "while sharded stage 3, tensor_parallel, pipeline_parallel, recompute::offload, "
-                "precision::reduce and accumulate and your own options run on the host trainer");
+  static_assert(
+      detail::runs_on_device<Plan>(),
+      "strata: this plan names an option that does not run on a device yet: a device "
+      "trainer (cuda, cuda_emulated) runs precision, recompute none/full/every<K>/"
+      "selective, micro_batches<M>, data_parallel and sharded<zero<1>>, <zero<2>> and <zero<3>>, "
+      "while tensor_parallel, pipeline_parallel, recompute::offload, "
+      "precision::reduce and accumulate and your own options run on the host trainer");
   using precision_option = plan_precision_t<Plan>;
   static_assert(option_traits<precision_option>::template can_implement<Model>());
   using model_element = typename Model::value_type;
@@ -282,9 +282,12 @@ private:
   using group_type = detail::device_data_group<T, M, context_type>;
   using group_maker = std::function<std::unique_ptr<group_type>(context_type&)>;
   // ZeRO-1: the optimizer state (and the f32 master weights) sharded over the replicas; ZeRO-2:
-  // the gradients too (each segment staged whole during its backward, then reduce-scattered).
+  // the gradients too (each segment staged whole during its backward, then reduce-scattered);
+  // ZeRO-3: the parameters too (each segment gathered into one of two slots before its layers
+  // run, the next one prefetched while they do).
   static constexpr bool zero = Plan::descriptor().sharded.enabled;
-  static constexpr bool zero2 = zero && Plan::descriptor().sharded.stage == 2;
+  static constexpr bool zero2 = zero && Plan::descriptor().sharded.stage >= 2;
+  static constexpr bool zero3 = zero && Plan::descriptor().sharded.stage == 3;
   static constexpr bool data_parallel = Plan::descriptor().data_parallel.enabled || zero;
 
   trainer(Model const& model, engine::optimizer_factory<M> optimizer, trainer_options options,
@@ -408,8 +411,20 @@ public:
   /// The parameters' values and gradients copied to the host (one host synchronisation; not
   /// for the hot path): values_of / grads_of read them by name afterwards.
   void read_back() {
-    ctx_->copy_async(ctx_->compute_stream(), host_values_.data(), values_,
-                     flat_.flat_size * sizeof(T));
+    if constexpr (zero3) { // each segment gathered through slot 0 and copied out
+      std::size_t const n = static_cast<std::size_t>(dp_->size());
+      for (auto const& b : buckets_) {
+        std::size_t const size = b.end - b.begin;
+        dp_->gather(std::span<T const>(values_ + b.begin / n, size / n),
+                    std::span<T>(gathered_[0], size));
+        ctx_->copy_async(ctx_->compute_stream(), host_values_.data() + b.begin, gathered_[0],
+                         size * sizeof(T));
+      }
+      held_[0] = {};
+    } else {
+      ctx_->copy_async(ctx_->compute_stream(), host_values_.data(), values_,
+                       flat_.flat_size * sizeof(T));
+    }
     if constexpr (zero2) { // this rank's slices of the gradients; the rest reads 0
       std::fill(host_grads_.begin(), host_grads_.end(), T{});
       for (auto const& r : flat_.owned)
@@ -480,6 +495,13 @@ public:
   std::span<issued_reduction const> issued_reductions() const noexcept {
     return {issued_.data(), issued_count_};
   }
+  /// ZeRO-3: the last run's segment gathers: how many started, and how many of them were
+  /// prefetches (started one segment ahead, while the layers before ran).
+  struct gather_counts {
+    std::size_t started = 0;
+    std::size_t prefetched = 0;
+  };
+  gather_counts gathers() const noexcept { return gathers_; }
   /// The data-parallel communicator's counters (none alone).
   comm::comm_counters const* communication_counters() const noexcept {
     return dp_ ? &dp_->counters() : nullptr;
@@ -589,14 +611,29 @@ private:
       offset = pad_segments();
     f.flat_size = f.tail_begin = offset;
     f.assign_groups();
-    values_ = ctx_->template allocate<T>(memory_kind::parameters, offset);
+    std::size_t largest = 0;
+    if constexpr (zero)
+      for (auto const& b : buckets_)
+        largest = std::max(largest, b.end - b.begin);
+    std::size_t const slots = std::min<std::size_t>(2, buckets_.size());
+    if constexpr (zero3) { // this rank's slices, and the gather slots: prefetch + 1, or one a
+                           // segment when the forward's gathers are kept for the backward
+      constexpr auto d = Plan::descriptor().sharded;
+      values_ = ctx_->template allocate<T>(memory_kind::parameters,
+                                           offset / static_cast<std::size_t>(dp_->size()));
+      gathered_.assign(d.reshard_after_forward ? std::min(d.prefetch + 1, buckets_.size())
+                                               : buckets_.size(),
+                       nullptr);
+      for (auto& g : gathered_)
+        g = ctx_->template allocate<T>(memory_kind::parameters, largest);
+      held_.assign(gathered_.size(), {});
+    } else {
+      values_ = ctx_->template allocate<T>(memory_kind::parameters, offset);
+    }
     grad_elements_ = offset;
     if constexpr (zero2) { // this rank's slices, and the segments' staging
       grad_elements_ = offset / static_cast<std::size_t>(dp_->size());
-      std::size_t largest = 0;
-      for (auto const& b : buckets_)
-        largest = std::max(largest, b.end - b.begin);
-      for (std::size_t k = 0; k < std::min<std::size_t>(2, buckets_.size()); ++k)
+      for (std::size_t k = 0; k < slots; ++k)
         staged_[k] = ctx_->template allocate<T>(memory_kind::gradients, largest);
     }
     grads_ = ctx_->template allocate<T>(memory_kind::gradients, grad_elements_);
@@ -614,7 +651,8 @@ private:
       std::size_t shard = 0;
       for (auto const& b : buckets_) {
         std::size_t const c = (b.end - b.begin) / n, at = b.begin + r * c;
-        f.add_owned(values_ + at, zero2 ? grads_ + shard : grads_ + at, at, c, shard);
+        f.add_owned(zero3 ? values_ + shard : values_ + at, zero2 ? grads_ + shard : grads_ + at,
+                    at, c, shard);
         shard += c;
       }
     } else {
@@ -622,7 +660,8 @@ private:
     }
     std::size_t const n = f.owned_size();
     auto const s = ctx_->compute_stream();
-    ctx_->copy_async(s, values_, host_values_.data(), offset * sizeof(T));
+    if constexpr (!zero3) // (ZeRO-3's slices are rank 0's, broadcast a segment at a time)
+      ctx_->copy_async(s, values_, host_values_.data(), offset * sizeof(T));
     ctx_->memset_async(s, grads_, 0, grad_elements_ * sizeof(T));
     if constexpr (sixteen_bit) { // f32 master weights, initialised in f32 as the host's pass
       master_ = ctx_->template allocate<M>(memory_kind::optimizer_state, n);
@@ -651,8 +690,10 @@ private:
     for (std::size_t i = 0; i < f.params.size(); ++i) {
       auto& e = f.params[i];
       if constexpr (zero2) { // backward writes into its segment's staging
-        auto const& b = buckets_[segment_of_[i]];
-        e.p->bind(values_ + e.offset, staged_[segment_of_[i] % 2] + (e.offset - b.begin));
+        std::uint32_t const k = segment_of_[i];
+        std::size_t const at = e.offset - buckets_[k].begin;
+        e.p->bind(zero3 ? gathered_[k % gathered_.size()] + at : values_ + e.offset,
+                  staged_[k % 2] + at);
       } else {
         e.p->bind(values_ + e.offset, grads_ + e.offset);
       }
@@ -701,8 +742,21 @@ private:
                          std::to_string(all[1]) + " parameter elements in " +
                          std::to_string(all[0]) + " tensors;" + diff +
                          " every dp rank must build the same model");
-    dp_->broadcast_values(std::span<T>(values_, flat_.flat_size));
-    // (ZeRO-1's master weights are this rank's slices, initialised from the same values.)
+    if constexpr (zero3) { // rank 0's values a segment at a time; this rank keeps its slice
+      std::size_t shard = 0;
+      for (auto const& b : buckets_) {
+        std::size_t const size = b.end - b.begin, cnt = size / static_cast<std::size_t>(n);
+        c.copy_async(s, gathered_[0], host_values_.data() + b.begin, size * sizeof(T));
+        dp_->broadcast_values(std::span<T>(gathered_[0], size));
+        c.copy_async(s, values_ + shard, gathered_[0] + static_cast<std::size_t>(dp_->rank()) * cnt,
+                     cnt * sizeof(T));
+        shard += cnt;
+      }
+      c.synchronize(s, "the initial parameter slices");
+    } else {
+      dp_->broadcast_values(std::span<T>(values_, flat_.flat_size));
+    }
+    // (ZeRO's master weights are this rank's slices, initialised from the same values.)
     if constexpr (sixteen_bit && !zero)
       dp_->broadcast_master(std::span<M>(master_, state_elements_));
     if (zero && !ties_at_.empty())
@@ -713,7 +767,7 @@ private:
     constexpr auto d = Plan::descriptor().data_parallel;
     if constexpr (!zero)
       buckets_ = parallel::make_buckets(flat_, d.first_bucket_bytes, d.bucket_bytes, 0);
-    dp_->reserve(buckets_.size());
+    dp_->reserve(buckets_.size() + gathered_.size()); // ZeRO-3: a gather a slot
     issued_.assign(buckets_.size(), {});
     using engine::op;
     using engine::op_code;
@@ -748,10 +802,61 @@ private:
                 k.flags = o.flags;
                 out.push_back(k);
               }
-          if (zero && o.code == op_code::optimizer_step) // the updated slices to every rank
+          if (zero && !zero3 && o.code == op_code::optimizer_step) // the updated slices
             out.push_back(engine::pass_op(op_code::collective, owner, 0, 3));
         });
     eval_.ops.push_back(engine::pass_op(op_code::collective, owner, 0, 2));
+    if constexpr (zero3) {
+      insert_gathers(program_);
+      insert_gathers(eval_);
+    }
+  }
+
+  // ZeRO-3: before the first operation of each run of a segment's layers (forward or backward)
+  // a gather of that segment into its slot (segment k's is k mod the slots), waited for by the
+  // compute stream (kind 5; no data moves when the slot holds it already), and right after it
+  // the prefetches of the next `prefetch` segments the program runs (kind 6), each into a slot
+  // other than this segment's; a gather is issued after the compute stream's work so far, so
+  // it never overwrites a slot that work reads.
+  void insert_gathers(engine::program& p) {
+    using engine::op;
+    using engine::op_code;
+    std::vector<std::uint32_t> layer_segment(nodes_.size(), none32);
+    for (std::size_t i = 0; i < flat_.params.size(); ++i)
+      layer_segment[flat_.params[i].layer] = segment_of_[i];
+    auto segment = [&](op const& o) {
+      return o.code == op_code::forward || o.code == op_code::backward ? layer_segment[o.layer]
+                                                                       : none32;
+    };
+    std::vector<std::uint32_t> order; // the segments in the order their runs start
+    std::uint32_t cur = none32;
+    for (op const& o : p.ops)
+      if (std::uint32_t const k = segment(o); k != none32 && k != cur)
+        order.push_back(cur = k);
+    std::vector<op> out;
+    out.reserve(p.ops.size() + 2 * order.size());
+    std::size_t run = 0;
+    cur = none32;
+    for (op const& o : p.ops) {
+      if (std::uint32_t const k = segment(o); k != none32 && k != cur) {
+        op g = engine::pass_op(op_code::collective, 0, k, 5);
+        g.layer = o.layer;
+        g.micro_batch = o.micro_batch;
+        out.push_back(g);
+        ++run;
+        std::size_t const slots = gathered_.size();
+        for (std::size_t a = 0; a < Plan::descriptor().sharded.prefetch; ++a)
+          if (run + a < order.size() && order[run + a] % slots != k % slots) {
+            op f = engine::pass_op(op_code::collective, 0, order[run + a], 6);
+            f.layer = o.layer;
+            f.micro_batch = o.micro_batch;
+            out.push_back(f);
+          }
+        cur = k;
+      }
+      out.push_back(o);
+    }
+    p.ops = std::move(out);
   }
 
   // ZeRO-1: the buckets of the unpadded layout become the segments, each padded to a multiple
@@ -762,10 +867,12 @@ private:
     constexpr auto d = Plan::descriptor().sharded;
     std::size_t const n = static_cast<std::size_t>(dp_->size());
     // Segments of whole layers in backward order (so that a layer's backward writes into one
-    // segment's staging under ZeRO-2), each closed once it holds its cap, the first's smaller.
+    // segment's staging under ZeRO-2), each closed once it holds its cap, the first's smaller;
+    // ZeRO-3's are units of unit_layers layers with parameters.
     buckets_.clear();
     parallel::bucket cur{};
     bool open = false;
+    std::size_t layers = 0;
     for (std::size_t k = 0; k < f.params.size(); ++k) {
       auto const& e = f.params[k];
       if (!open) {
@@ -775,11 +882,13 @@ private:
       cur.ready_layer = std::min(cur.ready_layer, e.layer);
       cur.end = e.offset + e.p->size();
       bool const layer_ends = k + 1 == f.params.size() || f.params[k + 1].layer != e.layer;
+      layers += layer_ends;
       std::size_t const cap =
           (buckets_.empty() ? d.first_bucket_bytes : d.bucket_bytes) / sizeof(T);
-      if (layer_ends && cur.end - cur.begin >= cap) {
+      if (layer_ends && (zero3 ? layers == d.unit_layers : cur.end - cur.begin >= cap)) {
         buckets_.push_back(cur);
         open = false;
+        layers = 0;
       }
     }
     if (open)
@@ -971,6 +1080,11 @@ private:
     std::uint64_t const before = c.counters().host_synchronizations;
     issued_count_ = 0;
     backwards_ = 0;
+    if constexpr (zero3) { // the slots' values are the last step's: gathered again
+      for (auto& g : held_)
+        g = {};
+      gathers_ = {};
+    }
     for (engine::op const& o : p.ops) {
       switch (o.code) {
       case engine::op_code::zero_grad:
@@ -1084,6 +1198,26 @@ private:
       return;
     }
     auto const& b = buckets_[o.arg];
+    if constexpr (zero3) {
+      if (o.kind == 5 || o.kind == 6) { // a segment gathered into its slot (and waited for)
+        std::size_t const slot = o.arg % gathered_.size();
+        auto& h = held_[slot];
+        std::size_t const id = buckets_.size() + slot;
+        if (h.segment != o.arg) {
+          std::size_t const c = (b.end - b.begin) / n;
+          dp_->start_gather(id, std::span<T const>(values_ + b.begin / n, c),
+                            std::span<T>(gathered_[slot], b.end - b.begin));
+          h = {o.arg, true};
+          ++gathers_.started;
+          gathers_.prefetched += o.kind == 6;
+        }
+        if (o.kind == 5 && h.pending) {
+          dp_->wait_one(id, ctx_->compute_stream());
+          h.pending = false;
+        }
+        return;
+      }
+    }
     if constexpr (zero2) {
       T* const staged = staged_[o.arg % 2];
       if (o.kind == 4) { // before the segment's backward: its staging freed and zeroed
@@ -1293,7 +1427,17 @@ private:
   std::vector<std::uint32_t> top_layer_;  // each segment's highest layer (its backward's first)
   T* staged_[2] = {nullptr, nullptr};     // ZeRO-2: segment k's gradients in staged_[k % 2]
   static constexpr std::size_t none = static_cast<std::size_t>(-1);
+  static constexpr std::uint32_t none32 = static_cast<std::uint32_t>(-1);
   std::size_t staged_by_[2] = {none, none}; // the segment whose reduce-scatter each holds
+  // ZeRO-3: segment k's values gathered into gathered_[k % slots]; which segment each slot
+  // holds in this run, and whether the compute stream has yet to wait for its gather
+  std::vector<T*> gathered_;
+  struct slot_state {
+    std::size_t segment = none;
+    bool pending = false;
+  };
+  std::vector<slot_state> held_;
+  gather_counts gathers_;
 };
 
 } // namespace strata
