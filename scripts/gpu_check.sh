@@ -4,7 +4,9 @@
 # ~6 minutes): the card, driver, CUDA and NCCL versions; a fresh GPU-check build
 # (STRATA_BUILD_GPU_CHECKS=ON: the CUDA toolkit and NCCL only); every test of that build (the GPU
 # tests, the rule test) but the trainer's; the cuda trainer against the host trainer in f64 and
-# the emulated device (gpu.trainer, its own part); the kernels benchmark; the training step
+# the emulated device, then data parallel and ZeRO-1 over two thread ranks on the GPU against one
+# rank, with their communication's exposed time (gpu.trainer, its own part); the kernels
+# benchmark; the training step
 # benchmark (GPT-2 124M and 350M, bf16, MFU gates) and PyTorch eager + SDPA on the same shapes
 # where torch is; the GEMM benchmark beside torch.matmul where torch is; compute-sanitizer's
 # memcheck on the small kernel test. Each part's output goes to the
@@ -168,6 +170,8 @@ run_part memcheck 150 memcheck
     "$out/kernels_bench.log" 2>/dev/null
   grep -hE '^gemm peak|^step (124m|350m):|^(PASS|FAIL) |^torch (gemm peak|step)' \
     "$out/step_bench.log" "$out/torch_step.log" 2>/dev/null
+  grep -hE "last step's communication on the device|^NCCL " "$out/trainer.log" \
+    "$out/versions.log" 2>/dev/null
   grep -hE 'checks, [0-9]+ failed|ERROR SUMMARY' "$out/tests.log" "$out/trainer.log" \
     "$out/memcheck.log" 2>/dev/null
 } | tee "$out/summary.log"

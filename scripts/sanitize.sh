@@ -3,8 +3,9 @@
 #   scripts/sanitize.sh thread              the local backend's tests (label local) but the heavy
 #                                           ones under TSan, in build-sanitize-thread/
 #   scripts/sanitize.sh address,undefined   the quick suite but gpu, compile_fail, rss (resident
-#                                           memory), heavy and the MPI parity tests under ASan,
-#                                           LSan and UBSan, in build-sanitize-address/
+#                                           memory), heavy, format and rules (no code of ours
+#                                           runs) and the MPI parity tests under ASan, LSan and
+#                                           UBSan, in build-sanitize-address/
 # Label heavy: the tests of the two executables whose compiles were half of these runs
 # (strata_test_parallel, strata_test_precision; test/parallel/CMakeLists.txt).
 # Extra arguments go to ctest (e.g. -R conformance, -E errors; not -LE, which would replace the
@@ -61,7 +62,7 @@ address,undefined)
   build_type=Debug
   # The examples have a quick test (examples.comm_demo); the benchmarks have none.
   configure=(-DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_BUILD_EXAMPLES=ON)
-  passes+=("$lsan_options;-L;^quick$;-LE;^(gpu|sanitize|mpi|compile_fail|rss|heavy)$")
+  passes+=("$lsan_options;-L;^quick$;-LE;^(gpu|sanitize|mpi|compile_fail|rss|heavy|format|rules)$")
   # The MPI pass runs the backend's own tests (conformance, errors, launch) and the example, not
   # the MPI parity program (parallel.mpi.np2): the engine and strategies it runs are checked
   # under ASan by the local parity lines, and its nested -O0 compile was 150 s of the CI run.

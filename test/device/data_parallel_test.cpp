@@ -412,7 +412,7 @@ void check_steady_state() {
     st::trainer<st::models::gpt_model<float>, Plan, st::cuda_emulated> t(
         [&](ctx_t& c) { return st::comm::device_local::communicator<ctx_t>(std::move(host), c); },
         m, make_optimizer<float>(true), options(0.5),
-        {.sequences = mine.sequences, .seq = mine.seq});
+        {.sequences = mine.sequences, .seq = mine.seq, .time_communication = true});
     auto const view = mine.view<float>();
     (void)t.step(view);
     auto const& c = t.context().counters();
@@ -434,9 +434,18 @@ void check_steady_state() {
     sync.arrive_and_wait();
     std::lock_guard lock(mu); // Catch's assertions from one thread at a time
     CHECK(c.device_allocations == dev);
-    // Data parallel: a bucket and the loss a step.
-    if constexpr (std::is_same_v<Plan, dp_plan>)
+    // The step's communication timed: every collective issued and every wait of the compute
+    // stream on one has its marks (with the marks on, still nothing allocated).
+    auto const& time = t.last_communication();
+    CHECK(time.collectives > 0);
+    CHECK(time.busy > 0);
+    CHECK(time.exposed >= 0);
+    // Data parallel: a bucket and the loss a step; the waits are the buckets' and the loss's.
+    if constexpr (std::is_same_v<Plan, dp_plan>) {
       CHECK(t.communication_counters()->total_calls() - calls == 4 * (t.buckets().size() + 1));
+      CHECK(time.collectives == t.buckets().size() + 1);
+      CHECK(time.waits == 2);
+    }
   });
   CHECK(after - before == 0);
   CHECK(bad_syncs.load() == 0);
@@ -523,6 +532,24 @@ TEST_CASE("device data parallel: refusals name the fix", "[device][data_parallel
                             (void)t.step(mine.view<float>());
                           }),
                       Catch::Contains("token-weighted"));
+  // The replicas build different models (rank 1 one block more): refused at build on every
+  // rank, naming the rank that differs and the numbers.
+  auto deeper = small_gpt();
+  deeper.layers += 1;
+  st::models::gpt_model<float> other{deeper};
+  REQUIRE_THROWS_WITH(
+      st::comm::local::run(
+          2,
+          [&](st::comm::local::communicator& host) {
+            bool const one = host.rank() == 1;
+            st::trainer<st::models::gpt_model<float>, dp_plan, st::cuda_emulated> t(
+                [&](ctx_t& c) {
+                  return st::comm::device_local::communicator<ctx_t>(std::move(host), c);
+                },
+                one ? other : m, make_optimizer<float>(false), options(0.0),
+                {.sequences = 2, .seq = seq});
+          }),
+      Catch::Contains("the replicas hold different models") && Catch::Contains("dp rank 1 holds"));
   // Tied embeddings under ZeRO: refused at build, every rank.
   auto tied_config = small_gpt();
   tied_config.tie_embeddings = true;
@@ -540,4 +567,29 @@ TEST_CASE("device data parallel: refusals name the fix", "[device][data_parallel
                     tied, make_optimizer<float>(false), options(0.0), {.sequences = 2, .seq = seq});
           }),
       Catch::Contains("tied parameters"));
+}
+
+TEST_CASE("communication time: busy is the union of the collectives on their stream, exposed the "
+          "compute stream's waits",
+          "[device][data_parallel][timing]") {
+  using st::detail::collective_span;
+  using st::detail::wait_span;
+  // Three collectives issued at 0, 1 and 1.5 s, each 2 s long on a stream that runs one at a
+  // time: they end at 2, 4 and 6, so the stream is busy 6 s (not 2 + 3 + 4.5 = 9.5, the sum of
+  // end minus issue that counts the queueing twice).
+  std::vector<collective_span> const c{{0, 2}, {1, 4}, {1.5, 6}};
+  // The compute stream waited from 5 to 6 (the last one) and 3.5 to 4.
+  std::vector<wait_span> const w{{3.5, 4}, {5, 6}};
+  auto const t = st::detail::measure_communication(c, w);
+  CHECK(t.busy == Approx(6.0));
+  CHECK(t.exposed == Approx(1.5));
+  CHECK(t.hidden() == Approx(4.5));
+  CHECK(t.hidden_share() == Approx(0.75));
+  CHECK(t.collectives == 3);
+  CHECK(t.waits == 2);
+  // A gap: the stream idle between 2 and 3 is not busy.
+  std::vector<collective_span> const gap{{0, 2}, {3, 4}};
+  CHECK(st::detail::measure_communication(gap, {}).busy == Approx(3.0));
+  // Nothing timed: no share.
+  CHECK(st::detail::measure_communication({}, {}).hidden_share() == 0.0);
 }

@@ -3,7 +3,9 @@
 // fp16, the device twins' kernels and GEMMs, the engine, step and evaluate, in one translation
 // unit (issue 22: "the cuda trainer compiles with nvcc"). Nothing here runs; trainer_test.cu
 // runs the trainer on a device. Also the device-local communicator on CUDA contexts (issue 23):
-// its collectives launch comm/kernels/rank_reduce.hpp's functors on the communication stream.
+// its collectives launch comm/kernels/rank_reduce.hpp's functors on the communication stream;
+// and the trainer under data parallel and ZeRO-3 (which holds ZeRO-2's paths; ZeRO-1 is built
+// by the GPU-check build's trainer test).
 #include <strata/comm/device_local.hpp>
 #include <strata/core/cuda/context.hpp>
 #include <strata/core/cuda/gemm.hpp>
@@ -19,6 +21,11 @@ namespace st = strata;
 template class st::trainer<st::models::gpt_model<float>, st::plan<>, st::cuda>;
 template class st::trainer<st::models::gpt_model<float>, st::plan<st::precision::bf16>, st::cuda>;
 template class st::trainer<st::models::gpt_model<float>, st::plan<st::precision::fp16>, st::cuda>;
+// Data parallel and ZeRO (issue 23): every member the plans add (the buckets' and segments'
+// collectives, ZeRO-2's accumulation into its shard, ZeRO-3's gathers, the timing marks).
+template class st::trainer<st::models::gpt_model<float>, st::plan<st::data_parallel<>>, st::cuda>;
+template class st::trainer<st::models::gpt_model<float>, st::plan<st::sharded<st::zero<3>>>,
+                           st::cuda>;
 
 // A step and an evaluation through each plan's trainer, as a program writes them.
 template <class Plan>

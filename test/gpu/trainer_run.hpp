@@ -5,6 +5,8 @@
 
 #include "../support/seed.hpp"
 
+#include <strata/comm/device_local.hpp>
+#include <strata/comm/local.hpp>
 #include <strata/core/element.hpp>
 #include <strata/engine/batch.hpp>
 #include <strata/models/gpt.hpp>
@@ -15,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
@@ -91,13 +94,11 @@ std::vector<double> widened(std::span<U const> s) {
   return v;
 }
 
-/// The device trainer (cuda or cuda_emulated) over `steps` steps in the model type T.
-template <class T, class Plan, class Device>
-record run_device(bool adamw, token_data const& d) {
-  models::gpt_model<T> m{config()};
-  trainer<models::gpt_model<T>, Plan, Device> t(m, make_optimizer<compute_t<T>>(adamw),
-                                                options(adamw), {.sequences = batch, .seq = seq});
-  using E = typename decltype(t)::value_type;
+/// `steps` steps of trainer t on one batch view, recorded: parameters before and after, the
+/// first step's gradients, losses and scales, and the counters of steps 2.. .
+template <class Trainer, class View>
+record record_steps(Trainer& t, View const& view) {
+  using E = typename Trainer::value_type;
   record r;
   auto snap = [&](tensors& out, bool grads) {
     t.read_back();
@@ -109,7 +110,7 @@ record run_device(bool adamw, token_data const& d) {
   for (std::size_t k = 0; k < steps; ++k) {
     auto const allocations = c.device_allocations;
     auto const syncs = c.host_synchronizations;
-    auto const s = t.step(d.view<T>());
+    auto const s = t.step(view);
     if (k > 0) {
       r.allocations_after_first += c.device_allocations - allocations;
       auto const n = c.host_synchronizations - syncs;
@@ -127,8 +128,72 @@ record run_device(bool adamw, token_data const& d) {
   return r;
 }
 
-// The cuda trainer's runs (trainer_test.cu, the nvcc translation unit): f32 and bf16.
+/// The device trainer (cuda or cuda_emulated) over `steps` steps in the model type T.
+template <class T, class Plan, class Device>
+record run_device(bool adamw, token_data const& d) {
+  models::gpt_model<T> m{config()};
+  trainer<models::gpt_model<T>, Plan, Device> t(m, make_optimizer<compute_t<T>>(adamw),
+                                                options(adamw), {.sequences = batch, .seq = seq});
+  return record_steps(t, d.view<T>());
+}
+
+/// Data parallel over n thread ranks on one device (each its own context and streams, a
+/// device_local communicator): rank 0's record, whether every rank ended with its parameters,
+/// and its last step's communication time.
+struct dp_record {
+  record r;
+  bool replicas_equal = true;
+  communication_time comm;
+  std::size_t buckets = 0;
+};
+
+/// The global batch's rows [r * rows / n, (r + 1) * rows / n).
+inline std::vector<std::int32_t> share(std::vector<std::int32_t> const& v, int n, int r) {
+  std::size_t const per = v.size() / static_cast<std::size_t>(n);
+  auto const at = v.begin() + static_cast<std::ptrdiff_t>(per * static_cast<std::size_t>(r));
+  return {at, at + static_cast<std::ptrdiff_t>(per)};
+}
+
+template <class T, class Plan, class Device>
+dp_record run_dp(int n, bool adamw, token_data const& d) {
+  using ctx_t = context_for_t<Device>;
+  dp_record out;
+  std::vector<tensors> finals(static_cast<std::size_t>(n));
+  std::mutex mu;
+  comm::local::run(n, [&](comm::local::communicator& host) {
+    int const rank = host.rank();
+    std::vector<std::int32_t> const tokens = share(d.tokens, n, rank);
+    std::vector<std::int32_t> const targets = share(d.targets, n, rank);
+    std::size_t const seqs = batch / static_cast<std::size_t>(n);
+    engine::batch_view<T> const view{seqs, seq, tokens, {}, targets, {}};
+    models::gpt_model<T> m{config()};
+    trainer<models::gpt_model<T>, Plan, Device> t(
+        [&](ctx_t& c) { return comm::device_local::communicator<ctx_t>(std::move(host), c); }, m,
+        make_optimizer<compute_t<T>>(adamw), options(adamw),
+        {.sequences = seqs, .seq = seq, .time_communication = true});
+    record r = record_steps(t, view);
+    std::lock_guard lock(mu);
+    finals[static_cast<std::size_t>(rank)] = r.p;
+    if (rank == 0) {
+      out.r = std::move(r);
+      out.comm = t.last_communication();
+      out.buckets = t.buckets().size();
+    }
+  });
+  for (auto const& f : finals)
+    out.replicas_equal = out.replicas_equal && f == finals[0];
+  return out;
+}
+
+// The cuda trainer's runs (trainer_test.cu, the nvcc translation unit): f32 and bf16; data
+// parallel and ZeRO-1 over two thread ranks (f32), data parallel in bf16.
 record run_cuda_f32(bool adamw, token_data const& d);
 record run_cuda_bf16(bool adamw, token_data const& d);
+dp_record run_cuda_dp_f32(bool adamw, token_data const& d);
+dp_record run_cuda_zero1_f32(bool adamw, token_data const& d);
+dp_record run_cuda_dp_bf16(bool adamw, token_data const& d);
+/// Two thread ranks' device_local all_reduce (sum) of n random f32 on the device against the
+/// host local backend's: whether they are equal bit for bit.
+bool cuda_all_reduce_matches_host(std::size_t n, std::uint64_t salt);
 
 } // namespace strata::test::gpu_trainer

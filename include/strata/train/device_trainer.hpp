@@ -34,6 +34,7 @@
 #include <strata/parallel/plan.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute.hpp>
+#include <strata/train/communication_time.hpp>
 #include <strata/train/device_data_parallel.hpp>
 #include <strata/train/options.hpp>
 #include <strata/train/trainer_fwd.hpp>
@@ -61,6 +62,9 @@ struct device_options {
   std::size_t sequences = 0; ///< sequences a step (the whole batch; split into micro-batches)
   std::size_t seq = 0;       ///< tokens a sequence
   bool loss_mask = false;    ///< batches carry a loss mask (a device buffer for it)
+  /// Data parallel: timing marks around each collective and each wait of the compute stream on
+  /// one (the trainer's communication_time(); off: no marks are recorded).
+  bool time_communication = false;
   device_context_options context{};
 };
 
@@ -336,6 +340,8 @@ private:
     lay_out();
     if (dp_)
       set_up_data_parallel();
+    if (dp_ && device_.time_communication)
+      reserve_timing();
     make_buffers();
     ctx_->seal();
   }
@@ -354,6 +360,8 @@ public:
     ++step_;
     run(program_, true);
     auto const& s = finish("the step's scalars", true);
+    if (timing_)
+      measure_timing();
     step_result r;
     r.step = step_;
     r.loss = s.loss;
@@ -502,6 +510,10 @@ public:
     std::size_t prefetched = 0;
   };
   gather_counts gathers() const noexcept { return gathers_; }
+  /// The last step's communication as the device timed it (device_options::
+  /// time_communication; zero without it): the communication stream's busy time, the compute
+  /// stream's waits for it (exposed), and the rest (hidden behind compute).
+  communication_time const& last_communication() const noexcept { return comm_time_; }
   /// The data-parallel communicator's counters (none alone).
   comm::comm_counters const* communication_counters() const noexcept {
     return dp_ ? &dp_->counters() : nullptr;
@@ -1080,6 +1092,13 @@ private:
     std::uint64_t const before = c.counters().host_synchronizations;
     issued_count_ = 0;
     backwards_ = 0;
+    timing_ = training && marks_ != 0;
+    if (timing_) {
+      next_mark_ = 1;
+      c.mark(0, s); // the origin
+      timed_collectives_.clear();
+      timed_waits_.clear();
+    }
     if constexpr (zero3) { // the slots' values are the last step's: gathered again
       for (auto& g : held_)
         g = {};
@@ -1139,8 +1158,8 @@ private:
               drain(k);
               k = none;
             }
-        dp_->wait_all(s);
-        dp_->average(std::span<double>(losses_, micro_batches_));
+        timed_wait([&] { dp_->wait_all(s); });
+        timed_blocking([&] { dp_->average(std::span<double>(losses_, micro_batches_)); });
         break;
       case engine::op_code::tie:
         for (auto const& t : ties_at_)
@@ -1172,7 +1191,7 @@ private:
   void drain(std::size_t k) {
     auto& c = *ctx_;
     auto const s = c.compute_stream();
-    dp_->wait_one(k, s);
+    timed_wait([&] { dp_->wait_one(k, s); });
     auto const& b = buckets_[k];
     std::size_t const n = static_cast<std::size_t>(dp_->size());
     std::size_t const r = static_cast<std::size_t>(dp_->rank());
@@ -1184,7 +1203,7 @@ private:
   // loss averaged over the replicas (kind 2).
   void run_collective(engine::op const& o) {
     if (o.kind == 2) {
-      dp_->average(std::span<double>(losses_, micro_batches_));
+      timed_blocking([&] { dp_->average(std::span<double>(losses_, micro_batches_)); });
       return;
     }
     std::size_t const n = static_cast<std::size_t>(dp_->size());
@@ -1192,8 +1211,10 @@ private:
     if (o.kind == 3) { // ZeRO-1: every segment's updated slices gathered in place
       for (auto const& b : buckets_) {
         std::size_t const c = (b.end - b.begin) / n;
-        dp_->gather(std::span<T const>(values_ + b.begin + r * c, c),
-                    std::span<T>(values_ + b.begin, b.end - b.begin));
+        timed_blocking([&] {
+          dp_->gather(std::span<T const>(values_ + b.begin + r * c, c),
+                      std::span<T>(values_ + b.begin, b.end - b.begin));
+        });
       }
       return;
     }
@@ -1205,14 +1226,16 @@ private:
         std::size_t const id = buckets_.size() + slot;
         if (h.segment != o.arg) {
           std::size_t const c = (b.end - b.begin) / n;
-          dp_->start_gather(id, std::span<T const>(values_ + b.begin / n, c),
-                            std::span<T>(gathered_[slot], b.end - b.begin));
+          timed_issue([&] {
+            dp_->start_gather(id, std::span<T const>(values_ + b.begin / n, c),
+                              std::span<T>(gathered_[slot], b.end - b.begin));
+          });
           h = {o.arg, true};
           ++gathers_.started;
           gathers_.prefetched += o.kind == 6;
         }
         if (o.kind == 5 && h.pending) {
-          dp_->wait_one(id, ctx_->compute_stream());
+          timed_wait([&] { dp_->wait_one(id, ctx_->compute_stream()); });
           h.pending = false;
         }
         return;
@@ -1229,18 +1252,88 @@ private:
         return;
       }
       std::size_t const c = (b.end - b.begin) / n;
-      dp_->start_reduce_scatter(o.arg, std::span<T>(staged, b.end - b.begin),
-                                std::span<T>(staged + r * c, c));
+      timed_issue([&] {
+        dp_->start_reduce_scatter(o.arg, std::span<T>(staged, b.end - b.begin),
+                                  std::span<T>(staged + r * c, c));
+      });
       staged_by_[o.arg % 2] = o.arg;
     } else if constexpr (zero) {
       std::size_t const c = (b.end - b.begin) / n;
-      dp_->start_reduce_scatter(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin),
-                                std::span<T>(grads_ + b.begin + r * c, c));
+      timed_issue([&] {
+        dp_->start_reduce_scatter(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin),
+                                  std::span<T>(grads_ + b.begin + r * c, c));
+      });
     } else {
-      dp_->start_average(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin));
+      timed_issue(
+          [&] { dp_->start_average(o.arg, std::span<T>(grads_ + b.begin, b.end - b.begin)); });
     }
     if (issued_count_ < issued_.size())
       issued_[issued_count_++] = {o.arg, backwards_};
+  }
+
+  // ---- communication timing (device_options::time_communication) -------------------------
+
+  // Marks enough for the program: the origin, four a collective operation (a gather's issue
+  // and wait), three a blocking collective (ZeRO-1's gathers, the norm's sum), nine the wait.
+  void reserve_timing() {
+    std::size_t n = 4;
+    for (auto const& o : program_.ops)
+      if (o.code == engine::op_code::collective)
+        n += o.kind == 3 ? 3 * buckets_.size() : 4;
+      else if (o.code == engine::op_code::wait)
+        n += 9;
+    ctx_->reserve_timing_marks(n);
+    marks_ = n;
+    timed_collectives_.reserve(n);
+    timed_waits_.reserve(n);
+    collective_spans_.reserve(n);
+    wait_spans_.reserve(n);
+  }
+  // A collective issued: a mark on the compute stream before (it cannot start earlier) and one
+  // on the communication stream after (it has ended there). Without room, not timed.
+  template <class F>
+  void timed_issue(F&& f) {
+    if (!timing_ || next_mark_ + 2 > marks_)
+      return f();
+    std::size_t const a = next_mark_++, b = next_mark_++;
+    ctx_->mark(a, ctx_->compute_stream());
+    f();
+    ctx_->mark(b, ctx_->comm_stream());
+    timed_collectives_.push_back({a, b});
+  }
+  // The compute stream made to wait: marks on it before and after.
+  template <class F>
+  void timed_wait(F&& f) {
+    if (!timing_ || next_mark_ + 2 > marks_)
+      return f();
+    std::size_t const a = next_mark_++, b = next_mark_++;
+    ctx_->mark(a, ctx_->compute_stream());
+    f();
+    ctx_->mark(b, ctx_->compute_stream());
+    timed_waits_.push_back({a, b});
+  }
+  // A blocking collective: issued, and waited for by the compute stream.
+  template <class F>
+  void timed_blocking(F&& f) {
+    if (!timing_ || next_mark_ + 3 > marks_)
+      return f();
+    std::size_t const a = next_mark_++, b = next_mark_++, c = next_mark_++;
+    ctx_->mark(a, ctx_->compute_stream());
+    f();
+    ctx_->mark(b, ctx_->comm_stream());
+    ctx_->mark(c, ctx_->compute_stream());
+    timed_collectives_.push_back({a, b});
+    timed_waits_.push_back({a, c});
+  }
+  // After the step's wait: the marks read (complete, so the host does not wait) and measured.
+  void measure_timing() {
+    collective_spans_.clear();
+    wait_spans_.clear();
+    for (auto const& [a, b] : timed_collectives_)
+      collective_spans_.push_back({ctx_->seconds_between(0, a), ctx_->seconds_between(0, b)});
+    for (auto const& [a, b] : timed_waits_)
+      wait_spans_.push_back({ctx_->seconds_between(0, a), ctx_->seconds_between(0, b)});
+    comm_time_ = detail::measure_communication(collective_spans_, wait_spans_);
   }
 
   void run_clip() {
@@ -1263,7 +1356,7 @@ private:
                 optim::kernels::grad_norm_finish{partials_, at, &scalars_->sum_sq, nullptr, nullptr,
                                                  nullptr, 0.0, 0.0});
     if constexpr (zero) // each element is on one rank: the sums of squares add up
-      dp_->sum(std::span<double>(&scalars_->sum_sq, 1));
+      timed_blocking([&] { dp_->sum(std::span<double>(&scalars_->sum_sq, 1)); });
     launch_elements(
         c, s, 1,
         optim::kernels::finish_clip{scalars_, scaled, options_.grad_norm, options_.clip, 1e-6});
@@ -1421,6 +1514,13 @@ private:
   std::size_t issued_count_ = 0;
   std::uint32_t backwards_ = 0;
   std::int64_t* checks_ = nullptr; // the replica check's gathered numbers (device)
+  // communication timing: the marks reserved, the next, the timed pairs of this step
+  bool timing_ = false;
+  std::size_t marks_ = 0, next_mark_ = 0;
+  std::vector<std::pair<std::size_t, std::size_t>> timed_collectives_, timed_waits_;
+  std::vector<detail::collective_span> collective_spans_;
+  std::vector<detail::wait_span> wait_spans_;
+  communication_time comm_time_;
   // ZeRO
   std::size_t grad_elements_ = 0;         // of grads_: the flat size, or ZeRO-2's shard
   std::vector<std::uint32_t> segment_of_; // each parameter's segment (buckets_)

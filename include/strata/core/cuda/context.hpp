@@ -121,6 +121,26 @@ public:
     return true;
   }
 
+  /// Timing marks (a second pool, created with timing on, while the program is built): mark(i,
+  /// s) records mark i on stream s; seconds_between(a, b) is the device time from mark a to
+  /// mark b once both are complete (after a synchronize that covers them; the host does not
+  /// wait here). Used to measure how much communication the compute stream waited for.
+  void reserve_timing_marks(std::size_t n) {
+    detail::refuse_allocation_after_build(sealed_, memory_kind::workspace, n * sizeof(cudaEvent_t));
+    for (std::size_t i = marks_.size(); i < n; ++i) {
+      cudaEvent_t e = nullptr;
+      STRATA_CUDA_CHECK(cudaEventCreate(&e));
+      marks_.push_back(e);
+    }
+  }
+  std::size_t timing_marks() const noexcept { return marks_.size(); }
+  void mark(std::size_t i, stream_type s) { STRATA_CUDA_CHECK(cudaEventRecord(marks_.at(i), s)); }
+  double seconds_between(std::size_t a, std::size_t b) const {
+    float ms = 0;
+    STRATA_CUDA_CHECK(cudaEventElapsedTime(&ms, marks_.at(a), marks_.at(b)));
+    return ms / 1e3;
+  }
+
   /// The host waits for stream s. Every host synchronisation goes through here and is counted;
   /// `why` names it (a step has exactly one: its loss) and is in the error when the wait fails
   /// (where an earlier kernel's fault surfaces).
@@ -242,6 +262,9 @@ private:
     for (cudaEvent_t e : events_)
       (void)cudaEventDestroy(e);
     events_.clear();
+    for (cudaEvent_t e : marks_)
+      (void)cudaEventDestroy(e);
+    marks_.clear();
     if (comm_ != nullptr)
       (void)cudaStreamDestroy(comm_);
     if (compute_ != nullptr)
@@ -255,6 +278,7 @@ private:
   // Atomic: another thread-rank's context reads them (wait_foreign).
   std::unique_ptr<std::atomic<bool>[]> recorded_;
   std::vector<cudaEvent_t> events_;
+  std::vector<cudaEvent_t> marks_; // timing marks (timing on)
   std::size_t next_event_ = 0;
   std::vector<allocation> allocations_;
   bool sealed_ = false;

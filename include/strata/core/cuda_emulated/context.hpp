@@ -8,6 +8,7 @@
 #include <strata/core/memory.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -89,6 +90,22 @@ public:
   }
   bool query(event_type e) const { return flag(e).load(std::memory_order_acquire); }
 
+  /// Timing marks (a second pool, created with timing on, while the program is built): mark(i,
+  /// s) records mark i on stream s; seconds_between(a, b) is the device time from mark a to
+  /// mark b once both are complete (after a synchronize that covers them; the host does not
+  /// wait here). Used to measure how much communication the compute stream waited for.
+  /// Here a mark is the host clock at issue (each stream's work runs at issue).
+  void reserve_timing_marks(std::size_t n) {
+    detail::refuse_allocation_after_build(sealed_, memory_kind::workspace,
+                                          n * sizeof(clock::time_point));
+    marks_.assign(n, clock::time_point{});
+  }
+  std::size_t timing_marks() const noexcept { return marks_.size(); }
+  void mark(std::size_t i, stream_type /*s*/) { marks_.at(i) = clock::now(); }
+  double seconds_between(std::size_t a, std::size_t b) const {
+    return std::chrono::duration<double>(marks_.at(b) - marks_.at(a)).count();
+  }
+
   /// The host waits for stream s. Every host synchronisation goes through here and is counted;
   /// `why` names it (a step has exactly one: its loss).
   void synchronize(stream_type /*s*/, char const* why) {
@@ -157,6 +174,8 @@ private:
   // Atomic: another thread-rank's context reads them (wait_foreign).
   std::unique_ptr<std::atomic<bool>[]> recorded_;
   std::size_t next_event_ = 0;
+  using clock = std::chrono::steady_clock;
+  std::vector<clock::time_point> marks_;
   std::vector<allocation> allocations_;
   bool sealed_ = false;
   device_counters counters_;
