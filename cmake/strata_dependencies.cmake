@@ -1,6 +1,8 @@
 # Detects the optional dependencies: MPI (mpi backend), CUDA toolkit and NCCL (cuda device,
-# nccl backend), Eigen (core/eigen), OpenBLAS (the host GEMM). Sets STRATA_HAVE_MPI, STRATA_HAVE_CUDA, STRATA_HAVE_NCCL,
-# STRATA_HAVE_EIGEN, STRATA_HAVE_OPENBLAS and, when found, the imported targets NCCL::nccl and Eigen3::Eigen.
+# nccl backend), Eigen (core/eigen), OpenBLAS (the host GEMM), nlohmann_json (the checkpoint
+# files' JSON headers, strata/io). Sets STRATA_HAVE_MPI, STRATA_HAVE_CUDA, STRATA_HAVE_NCCL,
+# STRATA_HAVE_EIGEN, STRATA_HAVE_OPENBLAS, STRATA_HAVE_JSON and, when found, the imported targets
+# NCCL::nccl, Eigen3::Eigen and nlohmann_json::nlohmann_json.
 
 set(STRATA_HAVE_MPI OFF)
 if(STRATA_ENABLE_MPI)
@@ -63,6 +65,14 @@ if(NOT STRATA_BLAS STREQUAL "OFF")
   endif()
 endif()
 
+# nlohmann_json: strata/io reads and writes the JSON header of safetensors files with it;
+# whoever includes those headers links nlohmann_json::nlohmann_json (strata::checkpoint does).
+set(STRATA_HAVE_JSON OFF)
+find_package(nlohmann_json 3 QUIET)
+if(nlohmann_json_FOUND)
+  set(STRATA_HAVE_JSON ON)
+endif()
+
 message(STATUS "strata: MPI ${STRATA_HAVE_MPI}, CUDA ${STRATA_HAVE_CUDA} (${CUDAToolkit_VERSION}), "
                "NCCL ${STRATA_HAVE_NCCL}, Eigen ${STRATA_HAVE_EIGEN}, OpenBLAS ${STRATA_HAVE_OPENBLAS} "
-               "(${OpenBLAS_VERSION})")
+               "(${OpenBLAS_VERSION}), nlohmann_json ${STRATA_HAVE_JSON}")

@@ -72,6 +72,9 @@ public:
   }
   /// The f32 master weights of the owned elements, indexed as the optimizer's state.
   buffer<M, Device> const& master() const noexcept { return master_; }
+  /// The same, to restore (a checkpoint's load), and the scaler's state with it.
+  buffer<M, Device>& master() noexcept { return master_; }
+  optim::dynamic_loss_scaler* loss_scaler() noexcept { return scaler_ ? &*scaler_ : nullptr; }
 
   void configure(engine::state<T, Device>& s) override {
     if (scaler_)
