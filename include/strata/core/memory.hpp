@@ -19,17 +19,18 @@ enum class memory_kind : std::uint8_t {
   gradients,
   optimizer_state,
   activations,
-  communication, // buckets, gather and scatter buffers, pipeline send/recv buffers
-  workspace,     // scratch that lives within one operation
-  host_offload,  // activations moved out of device memory (recompute::offload); host memory
+  communication,      // buckets, gather and scatter buffers, pipeline send/recv buffers
+  workspace,          // scratch that lives within one operation
+  host_offload,       // activations moved out of device memory (recompute::offload); host memory
+  checkpoint_staging, // a copy of the state an asynchronous checkpoint save writes; host memory
 };
 
-inline constexpr std::size_t memory_kind_count = 7;
+inline constexpr std::size_t memory_kind_count = 8;
 
 constexpr std::string_view name_of(memory_kind k) noexcept {
   constexpr std::array<std::string_view, memory_kind_count> names{
       "parameters",    "gradients", "optimizer_state", "activations",
-      "communication", "workspace", "host_offload"};
+      "communication", "workspace", "host_offload",    "checkpoint_staging"};
   return names[static_cast<std::size_t>(k)];
 }
 

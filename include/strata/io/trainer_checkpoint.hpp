@@ -1,0 +1,697 @@
+// Saving and loading a host trainer's state (issue 24): each rank writes the pieces it owns as
+// one safetensors file, rank 0 writes the index and commits through the store, and any rank of
+// any layout loads its pieces from whichever files hold them (resharding by run intersection).
+//
+// What a checkpoint holds, layout-free: for every parameter (by name, its logical shape) the
+// f32-exact weights ("weights/<name>": the master weights under a 16-bit policy, the values
+// otherwise) and each optimizer state array ("optim/<array>/<name>"), as pieces of the flattened
+// logical tensor (elements [first, first + count)); and the step, the optimizer steps taken,
+// the optimizer's scalars, the loss scaler's state, the layout it was saved under. The 16-bit
+// values are the weights rounded, so they are not saved: a load rounds them, and a checkpoint
+// saved in one precision loads in another. The dropout masks are a function of the seed and the
+// step, so restoring the step restores them.
+//
+// Who writes: the ranks that own a piece (the optimizer updates it there): under data parallel
+// the first replica (dp rank 0) of each tensor/pipeline coordinate, under sharded (ZeRO) every
+// dp rank its slices; a parameter that tensor parallel replicates is written by tp rank 0.
+#pragma once
+
+#include <strata/comm/communicator.hpp>
+#include <strata/comm/mesh.hpp>
+#include <strata/core/element.hpp>
+#include <strata/core/error.hpp>
+#include <strata/data/loader.hpp>
+#include <strata/io/crc32c.hpp>
+#include <strata/io/reshard.hpp>
+#include <strata/io/safetensors.hpp>
+#include <strata/io/store.hpp>
+#include <strata/policy/precision_pass.hpp>
+#include <strata/train/trainer.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace strata::io {
+
+inline constexpr int trainer_checkpoint_version = 1;
+
+struct save_options {
+  std::size_t keep_last = 0; ///< keep only the newest N complete checkpoints (0: all)
+  /// The data loader's state (data::loader::state(), the same on every rank), saved beside the
+  /// model so that a resume reads the next global samples on any number of ranks
+  /// (saved_loader_state gives it back).
+  std::optional<data::loader_state> loader;
+};
+
+namespace detail {
+
+/// The ranks a save or load is collective over: this rank, the world's size, its mesh
+/// coordinates, and a barrier and a gather of three numbers a rank.
+struct world_ops {
+  int rank = 0, size = 1;
+  comm::mesh_coords coords{};
+  comm::mesh_shape shape{.dp = 1};
+  std::function<void()> barrier = [] {};
+  std::function<std::vector<std::int64_t>(std::int64_t, std::int64_t, std::int64_t)> gather3 =
+      [](std::int64_t a, std::int64_t b, std::int64_t c) {
+        return std::vector<std::int64_t>{a, b, c};
+      };
+};
+
+template <comm::communicator C>
+world_ops world_of(comm::mesh<C>& mesh) {
+  world_ops w;
+  auto& world = mesh.world();
+  w.rank = world.rank();
+  w.size = world.size();
+  w.coords = mesh.coords();
+  w.shape = mesh.shape();
+  w.barrier = [&world] { world.barrier(); };
+  w.gather3 = [&world](std::int64_t a, std::int64_t b, std::int64_t c) {
+    std::int64_t const mine[3] = {a, b, c};
+    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(world.size()));
+    world.all_gather(std::span<std::int64_t const>(mine, 3), std::span<std::int64_t>(all));
+    return all;
+  };
+  return w;
+}
+
+inline std::string file_of_rank(int rank) {
+  char b[40];
+  std::snprintf(b, sizeof b, "rank-%05d.safetensors", rank);
+  return b;
+}
+
+inline std::string piece_key(std::string const& tensor, std::uint64_t first) {
+  return tensor + "#" + std::to_string(first);
+}
+
+/// A piece this rank owns: elements [first, first + count) of parameter `param` at element
+/// `at` of the optimizer's state (and of the master weights).
+struct owned_piece {
+  std::uint32_t param = 0;
+  std::uint64_t first = 0, count = 0, state_at = 0;
+  void const* values = nullptr; // the piece's values (the trainer's T)
+};
+
+template <class Trainer>
+std::vector<owned_piece> owned_pieces(Trainer& t) {
+  std::vector<owned_piece> out;
+  auto& fl = t.state().flat();
+  for (auto const& r : fl.owned)
+    fl.for_each_piece(r.flat, r.count,
+                      [&](std::uint32_t param, std::size_t first, std::size_t n, std::size_t at) {
+                        out.push_back({param, first, n, r.state_offset + at, r.values + at});
+                      });
+  return out;
+}
+
+template <class Trainer>
+auto* precision_of(Trainer& t) {
+  using T = typename Trainer::value_type;
+  using P = policy::precision_pass<T, host>;
+  P* found = nullptr;
+  for (auto const& p : t.passes())
+    if (auto* q = dynamic_cast<P*>(p.get()))
+      found = q;
+  return found;
+}
+
+inline std::string shape_json(std::span<std::size_t const> s) {
+  nlohmann::json j = nlohmann::json::array();
+  for (auto d : s)
+    j.push_back(d);
+  return j.dump();
+}
+
+/// Copies `count` elements of file dtype `from_type` at `src` into M's at `dst` (the weights and
+/// moments of another precision convert: f32 <-> f64).
+template <class M>
+void convert_in(void* dst, std::byte const* src, safetensors::dtype from_type, std::size_t count) {
+  auto* d = static_cast<M*>(dst);
+  if (from_type == safetensors::dtype_of<M>) {
+    std::memcpy(d, src, count * sizeof(M));
+  } else if (from_type == safetensors::dtype::f32) {
+    for (std::size_t i = 0; i < count; ++i) {
+      float x;
+      std::memcpy(&x, src + i * sizeof(float), sizeof x);
+      d[i] = static_cast<M>(x);
+    }
+  } else if (from_type == safetensors::dtype::f64) {
+    for (std::size_t i = 0; i < count; ++i) {
+      double x;
+      std::memcpy(&x, src + i * sizeof(double), sizeof x);
+      d[i] = static_cast<M>(x);
+    }
+  } else {
+    throw config_error("strata: checkpoint: weights or optimizer state of dtype " +
+                       std::string(safetensors::name_of(from_type)) +
+                       " cannot load into the trainer's " +
+                       std::string(safetensors::name_of(safetensors::dtype_of<M>)) +
+                       " (only F32 and F64 state converts)");
+  }
+}
+
+// ---- save ------------------------------------------------------------------------------------
+
+/// Everything a save writes, captured at the step of the save: this rank's file (the staging
+/// copy of its pieces), every rank's file record, rank 0's index without its tensors.
+struct save_job {
+  std::int64_t step = 0;
+  std::filesystem::path root;
+  std::size_t keep_last = 0;
+  int rank = 0, size = 1;
+  bool writes = false;
+  std::vector<std::byte> bytes;
+  std::vector<std::int64_t> all; // every rank's (writes, bytes, crc32c)
+  nlohmann::json index;          // rank 0's
+  std::optional<std::string> loader;
+};
+
+/// The collective part, run where the training runs: the temporary directory made, this rank's
+/// pieces copied into its file image, the records gathered, rank 0's index scalars taken.
+template <class Trainer>
+save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path const& root,
+                      save_options const& o) {
+  using T = typename Trainer::value_type;
+  using M = typename Trainer::master_type;
+  save_job job;
+  job.step = t.steps();
+  job.root = root;
+  job.keep_last = o.keep_last;
+  job.rank = w.rank;
+  job.size = w.size;
+  store s(root, o.keep_last);
+  if (w.rank == 0)
+    s.begin(job.step);
+  w.barrier(); // the temporary directory exists before anyone writes into it
+  auto& fl = t.state().flat();
+  auto const owned = owned_pieces(t);
+  std::uint64_t owned_elements = 0, held_elements = 0;
+  for (auto const& pc : owned)
+    owned_elements += pc.count;
+  for (auto const& e : fl.params)
+    held_elements += e.p->size();
+  // Replicas of the same pieces: only the first writes. Sharded ranks each own other slices.
+  bool const sharded = owned_elements < held_elements;
+  job.writes = w.coords.dp == 0 || sharded;
+  auto* prec = precision_of(t);
+  optim::state_dict const opt = t.optimizer().save();
+  std::size_t const n_state = t.optimizer().size();
+  if (job.writes) {
+    safetensors::writer out;
+    M const* weights = nullptr;
+    if constexpr (!std::is_same_v<T, M>)
+      weights = prec->master().data();
+    for (auto const& pc : owned) {
+      auto const& p = *fl.params[pc.param].p;
+      if (!p.sharded() && w.coords.tp != 0)
+        continue; // replicated over the tensor-parallel group: tp rank 0 writes it
+      std::vector<std::uint64_t> const shape{pc.count};
+      std::string const key = piece_key("weights/" + p.name(), pc.first);
+      std::span<std::byte const> wb;
+      if constexpr (std::is_same_v<T, M>) { // the values are the weights
+        (void)weights;
+        wb = std::as_bytes(std::span<T const>(static_cast<T const*>(pc.values), pc.count));
+      } else {
+        wb = std::as_bytes(std::span<M const>(weights + pc.state_at, pc.count));
+      }
+      out.add(key, safetensors::dtype_of<M>, shape, wb);
+      out.metadata("crc/" + key, std::to_string(crc32c(wb)));
+      for (auto const& [name, a] : opt) {
+        if (a.shape.size() != 1 || a.numel() != n_state)
+          continue;
+        auto const ab = std::span<std::byte const>(a.bytes).subspan(pc.state_at * sizeof(M),
+                                                                    pc.count * sizeof(M));
+        std::string const k = piece_key("optim/" + name + "/" + p.name(), pc.first);
+        out.add(k, safetensors::file_dtype(a.type), shape, ab);
+        out.metadata("crc/" + k, std::to_string(crc32c(ab)));
+      }
+    }
+    for (auto const& e : fl.params)
+      out.metadata("shape/" + e.p->name(), shape_json(e.p->full_shape()));
+    job.bytes = out.bytes(); // the one copy: the file image
+  }
+  std::uint32_t const crc = job.writes ? crc32c(job.bytes) : 0;
+  job.all = w.gather3(job.writes ? 1 : 0, static_cast<std::int64_t>(job.bytes.size()), crc);
+  if (w.rank == 0) {
+    nlohmann::json scalars = nlohmann::json::object();
+    for (auto const& [name, a] : opt)
+      if (a.shape.empty()) {
+        if (a.type == strata::dtype::i64)
+          scalars[name] = opt.template get_scalar<std::int64_t>(name);
+        else if (a.type == strata::dtype::f64)
+          scalars[name] = opt.template get_scalar<double>(name);
+        else if (a.type == strata::dtype::f32)
+          scalars[name] = opt.template get_scalar<float>(name);
+      }
+    auto const& v = t.state().values();
+    job.index = {{"format", "strata-checkpoint"},
+                 {"version", trainer_checkpoint_version},
+                 {"step", v.step},
+                 {"applied_steps", v.applied_steps},
+                 {"optimizer_scalars", scalars},
+                 {"weights_dtype", std::string(safetensors::name_of(safetensors::dtype_of<M>))},
+                 {"values_dtype", std::string(safetensors::name_of(safetensors::dtype_of<T>))},
+                 {"layout",
+                  {{"world", w.size}, {"dp", w.shape.dp}, {"tp", w.shape.tp}, {"pp", w.shape.pp}}}};
+    if (auto const* sc = t.loss_scaler()) {
+      auto const st = sc->state();
+      job.index["loss_scaler"] = {{"scale", st.scale},
+                                  {"good_steps", st.good_steps},
+                                  {"hysteresis_left", st.hysteresis_left},
+                                  {"steps", st.steps},
+                                  {"skipped_steps", st.skipped_steps},
+                                  {"consecutive_overflows", st.consecutive_overflows}};
+    }
+    if (o.loader)
+      job.loader = o.loader->save();
+  }
+  return job;
+}
+
+inline std::string done_marker(int rank) {
+  return ".done-" + std::to_string(rank);
+}
+
+/// This rank's file written (fsynced) into the temporary directory, then its done marker.
+inline void write_rank_file(save_job const& job) {
+  store s(job.root, job.keep_last);
+  if (job.writes)
+    (void)s.write(job.step, file_of_rank(job.rank), job.bytes);
+  std::ofstream(s.pending(job.step) / done_marker(job.rank)).put('1');
+}
+
+/// Rank 0: once every rank's done marker is there (`wait_markers`: polled, for a save in the
+/// background; a synchronous save has passed a barrier), the index from the files' headers,
+/// then the commit.
+inline std::filesystem::path commit_save(save_job const& job, bool wait_markers) {
+  store s(job.root, job.keep_last);
+  auto const dir = s.pending(job.step);
+  if (wait_markers) {
+    auto const deadline = std::chrono::steady_clock::now() + std::chrono::minutes(30);
+    for (int r = 0; r < job.size;) {
+      if (std::filesystem::exists(dir / done_marker(r))) {
+        ++r;
+        continue;
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        throw error("strata: checkpoint step " + std::to_string(job.step) + ": rank " +
+                    std::to_string(r) +
+                    " did not finish writing its file within 30 minutes; the checkpoint is not "
+                    "committed (the previous one stays the latest)");
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  std::map<std::string, file_record> files;
+  nlohmann::json tensors = nlohmann::json::object();
+  for (int r = 0; r < job.size; ++r) {
+    auto const at = 3 * static_cast<std::size_t>(r);
+    if (job.all[at] == 0)
+      continue;
+    std::string const f = file_of_rank(r);
+    files[f] = {static_cast<std::uint64_t>(job.all[at + 1]),
+                static_cast<std::uint32_t>(job.all[at + 2])};
+    safetensors::reader in(dir / f);
+    auto const& meta = in.metadata();
+    for (auto const& tv : in.tensors()) {
+      auto const hash = tv.name.rfind('#');
+      std::string const tensor = tv.name.substr(0, hash);
+      std::string const param = tensor.substr(tensor.rfind('/') + 1);
+      auto& j = tensors[tensor];
+      if (!j.contains("shape")) {
+        j["shape"] = nlohmann::json::parse(meta.at("shape/" + param));
+        j["dtype"] = std::string(safetensors::name_of(tv.type));
+        j["pieces"] = nlohmann::json::array();
+      }
+      j["pieces"].push_back({{"file", f},
+                             {"key", tv.name},
+                             {"first", std::stoull(tv.name.substr(hash + 1))},
+                             {"count", tv.elements()},
+                             {"crc32c", std::stoul(meta.at("crc/" + tv.name))}});
+    }
+  }
+  for (int r = 0; r < job.size; ++r)
+    std::filesystem::remove(dir / done_marker(r));
+  nlohmann::json index = job.index;
+  index["tensors"] = std::move(tensors);
+  if (job.loader) {
+    files["loader.txt"] =
+        s.write(job.step, "loader.txt",
+                std::as_bytes(std::span<char const>(job.loader->data(), job.loader->size())));
+    index["loader"] = "loader.txt";
+  }
+  std::string const text = index.dump(1);
+  files["index.json"] = s.write(job.step, "index.json",
+                                std::as_bytes(std::span<char const>(text.data(), text.size())));
+  return s.commit(job.step, files);
+}
+
+template <class Trainer>
+std::filesystem::path save(Trainer& t, world_ops const& w, std::filesystem::path const& root,
+                           save_options const& o) {
+  auto const job = prepare_save(t, w, root, o);
+  write_rank_file(job);
+  w.barrier(); // every rank's file is written and fsynced
+  if (w.rank == 0)
+    commit_save(job, false);
+  w.barrier(); // committed
+  return root / io::detail::step_name(job.step);
+}
+
+// ---- load ------------------------------------------------------------------------------------
+
+struct saved_piece {
+  std::string file, key;
+  std::uint64_t first = 0, count = 0;
+  std::uint32_t crc = 0;
+};
+
+struct saved_tensor {
+  std::vector<std::uint64_t> shape;
+  safetensors::dtype type = safetensors::dtype::f32;
+  std::vector<saved_piece> pieces;
+  std::vector<std::vector<run>> runs; // a piece's runs (one: its range)
+};
+
+class checkpoint_reader {
+public:
+  explicit checkpoint_reader(checkpoint_dir c) : dir_(std::move(c)) {
+    auto const bytes = store::read(dir_, "index.json");
+    try {
+      index_ = nlohmann::json::parse(
+          std::string(reinterpret_cast<char const*>(bytes.data()), bytes.size()));
+    } catch (nlohmann::json::exception const& e) {
+      throw config_error("strata: checkpoint '" + dir_.path.string() +
+                         "': index.json is not valid JSON (" + e.what() + ")");
+    }
+    if (index_.value("format", "") != "strata-checkpoint" ||
+        index_.value("version", 0) != trainer_checkpoint_version)
+      throw config_error("strata: checkpoint '" + dir_.path.string() +
+                         "' is not a strata trainer checkpoint of version " +
+                         std::to_string(trainer_checkpoint_version));
+    for (auto const& [name, j] : index_.at("tensors").items()) {
+      saved_tensor t;
+      t.shape = j.at("shape").get<std::vector<std::uint64_t>>();
+      auto const type = safetensors::parse_dtype(j.at("dtype").get<std::string>());
+      if (!type)
+        throw config_error("strata: checkpoint '" + dir_.path.string() + "': tensor '" + name +
+                           "' has the unknown dtype '" + j.at("dtype").get<std::string>() + "'");
+      t.type = *type;
+      for (auto const& p : j.at("pieces")) {
+        saved_piece sp{p.at("file").get<std::string>(), p.at("key").get<std::string>(),
+                       p.at("first").get<std::uint64_t>(), p.at("count").get<std::uint64_t>(),
+                       p.at("crc32c").get<std::uint32_t>()};
+        t.runs.push_back(runs_of_range(sp.first, sp.count));
+        t.pieces.push_back(std::move(sp));
+      }
+      tensors_[name] = std::move(t);
+    }
+  }
+
+  nlohmann::json const& index() const noexcept { return index_; }
+  checkpoint_dir const& dir() const noexcept { return dir_; }
+
+  saved_tensor const& tensor(std::string const& name, std::span<std::size_t const> shape) const {
+    auto const it = tensors_.find(name);
+    if (it == tensors_.end())
+      throw config_error("strata: checkpoint '" + dir_.path.string() + "' has no tensor '" + name +
+                         "': it was saved from another model (or without this optimizer "
+                         "state); load a checkpoint of this model");
+    std::vector<std::uint64_t> const want(shape.begin(), shape.end());
+    if (it->second.shape != want)
+      throw config_error("strata: checkpoint '" + dir_.path.string() + "': tensor '" + name +
+                         "' has shape " + safetensors::detail::shape_text(it->second.shape) +
+                         " in the checkpoint and " + safetensors::detail::shape_text(want) +
+                         " in this model: it was saved from another model configuration");
+    return it->second;
+  }
+
+  bool has(std::string const& name) const { return tensors_.count(name) != 0; }
+  std::map<std::string, saved_tensor> const& tensors() const noexcept { return tensors_; }
+
+  /// Fills elements [first, first + count) of `tensor` into dst (M's), from every saved piece
+  /// that holds them; each piece read is checked against its CRC-32C once.
+  template <class M>
+  void fill(std::string const& name, std::span<std::size_t const> shape, std::uint64_t first,
+            std::uint64_t count, M* dst) {
+    auto const& t = tensor(name, shape);
+    auto const wanted = runs_of_range(first, count);
+    for (auto const& c : plan_copies(wanted, t.runs, name)) {
+      auto const& p = t.pieces[c.piece];
+      auto const& in = file(p.file);
+      auto const& tv = in.at(p.key);
+      if (checked_.insert(p.file + "\n" + p.key).second && crc32c(tv.bytes) != p.crc)
+        throw config_error("strata: checkpoint '" + dir_.path.string() + "': piece '" + p.key +
+                           "' of file '" + p.file +
+                           "' is corrupted (its CRC-32C disagrees with the index): restore "
+                           "the file, or load an earlier checkpoint");
+      convert_in<M>(dst + (c.to - 0), tv.bytes.data() + c.from * safetensors::size_of(tv.type),
+                    tv.type, c.count);
+    }
+  }
+
+private:
+  safetensors::reader const& file(std::string const& name) {
+    auto it = files_.find(name);
+    if (it == files_.end()) {
+      if (dir_.files.count(name) == 0)
+        throw config_error("strata: checkpoint '" + dir_.path.string() + "': index.json names '" +
+                           name + "', which its manifest does not list");
+      it = files_.emplace(name, std::make_unique<safetensors::reader>(dir_.path / name)).first;
+    }
+    return *it->second;
+  }
+
+  checkpoint_dir dir_;
+  nlohmann::json index_;
+  std::map<std::string, saved_tensor> tensors_;
+  std::map<std::string, std::unique_ptr<safetensors::reader>> files_;
+  std::set<std::string> checked_;
+};
+
+template <class Trainer>
+std::int64_t load(Trainer& t, world_ops const& w, checkpoint_dir const& c) {
+  using T = typename Trainer::value_type;
+  using M = typename Trainer::master_type;
+  checkpoint_reader in(c);
+  auto& fl = t.state().flat();
+  // The weights of every value piece this rank holds (whole tensors, or ZeRO-3's slices),
+  // rounded to the values' type.
+  std::vector<M> buf;
+  for (auto const& pc : fl.value_pieces) {
+    auto const& p = *fl.params[pc.param].p;
+    buf.resize(pc.count);
+    in.template fill<M>("weights/" + p.name(), p.full_shape(), pc.first, pc.count, buf.data());
+    T* dst = const_cast<T*>(pc.data);
+    for (std::size_t i = 0; i < pc.count; ++i)
+      dst[i] = element_cast<T>(buf[i]);
+  }
+  // The owned pieces' master weights and optimizer state.
+  auto const owned = owned_pieces(t);
+  auto* prec = precision_of(t);
+  optim::state_dict opt = t.optimizer().save();
+  std::size_t const n_state = t.optimizer().size();
+  nlohmann::json const& scalars = in.index().at("optimizer_scalars");
+  optim::state_dict next;
+  for (auto const& [name, a] : opt) {
+    if (a.shape.empty()) {
+      if (!scalars.contains(name))
+        throw config_error("strata: checkpoint '" + c.path.string() +
+                           "' has no optimizer scalar '" + name +
+                           "': it was saved with another optimizer; use the same optimizer");
+      if (a.type == strata::dtype::i64)
+        next.put_scalar(name, scalars.at(name).template get<std::int64_t>());
+      else if (a.type == strata::dtype::f64)
+        next.put_scalar(name, scalars.at(name).template get<double>());
+      else
+        next.put_scalar(name, scalars.at(name).template get<float>());
+      continue;
+    }
+    optim::state_tensor s = a;
+    if (a.shape.size() == 1 && a.numel() == n_state && a.type == strata::dtype_of<M>)
+      for (auto const& pc : owned) {
+        auto const& p = *fl.params[pc.param].p;
+        in.template fill<M>("optim/" + name + "/" + p.name(), p.full_shape(), pc.first, pc.count,
+                            reinterpret_cast<M*>(s.bytes.data()) + pc.state_at);
+      }
+    next.put(name, std::move(s));
+  }
+  t.optimizer().load(next);
+  if constexpr (!std::is_same_v<T, M>) {
+    auto& master = prec->master();
+    for (auto const& pc : owned) {
+      auto const& p = *fl.params[pc.param].p;
+      in.template fill<M>("weights/" + p.name(), p.full_shape(), pc.first, pc.count,
+                          master.data() + pc.state_at);
+    }
+    // (A checkpoint saved without fp16 leaves an fp16 trainer's scaler as it was built.)
+    if (auto* sc = prec->loss_scaler(); sc != nullptr && in.index().contains("loss_scaler")) {
+      auto const& j = in.index().at("loss_scaler");
+      sc->load({j.at("scale").get<double>(), j.at("good_steps").get<std::int64_t>(),
+                j.at("hysteresis_left").get<std::int64_t>(), j.at("steps").get<std::int64_t>(),
+                j.at("skipped_steps").get<std::int64_t>(),
+                j.at("consecutive_overflows").get<std::int64_t>()});
+    }
+  }
+  auto& v = t.state().values();
+  v.step = in.index().at("step").get<std::int64_t>();
+  v.applied_steps = in.index().at("applied_steps").get<std::int64_t>();
+  w.barrier();
+  return v.step;
+}
+
+} // namespace detail
+
+/// Saves the trainer's state as a checkpoint of its current step under `root` (one rank alone).
+/// Returns the checkpoint's directory.
+template <class Model, class Plan>
+std::filesystem::path save(trainer<Model, Plan>& t, std::filesystem::path const& root,
+                           save_options const& o = {}) {
+  return detail::save(t, detail::world_ops{}, root, o);
+}
+/// The same, collective over the mesh's world: every rank calls it.
+template <class Model, class Plan, comm::communicator C>
+std::filesystem::path save(trainer<Model, Plan>& t, comm::mesh<C>& mesh,
+                           std::filesystem::path const& root, save_options const& o = {}) {
+  return detail::save(t, detail::world_of(mesh), root, o);
+}
+
+/// Loads the checkpoint in directory `dir` (a store's step-N) into the trainer, whatever the
+/// layout and precision it was saved under. Returns its step.
+template <class Model, class Plan>
+std::int64_t load(trainer<Model, Plan>& t, std::filesystem::path const& dir) {
+  std::string why;
+  auto c = read_manifest(dir, &why);
+  if (!c)
+    throw config_error("strata: '" + dir.string() + "' is not a complete checkpoint: " + why);
+  return detail::load(t, detail::world_ops{}, *c);
+}
+template <class Model, class Plan, comm::communicator C>
+std::int64_t load(trainer<Model, Plan>& t, comm::mesh<C>& mesh, std::filesystem::path const& dir) {
+  std::string why;
+  auto c = read_manifest(dir, &why);
+  if (!c)
+    throw config_error("strata: '" + dir.string() + "' is not a complete checkpoint: " + why);
+  return detail::load(t, detail::world_of(mesh), *c);
+}
+
+/// The data loader's state a checkpoint was saved with (save_options::loader), or nothing;
+/// data::loader::load() continues from it on any number of ranks.
+inline std::optional<data::loader_state> saved_loader_state(std::filesystem::path const& dir) {
+  std::string why;
+  auto c = read_manifest(dir, &why);
+  if (!c)
+    throw config_error("strata: '" + dir.string() + "' is not a complete checkpoint: " + why);
+  if (c->files.count("loader.txt") == 0)
+    return std::nullopt;
+  auto const bytes = store::read(*c, "loader.txt");
+  return data::loader_state::load(
+      std::string_view(reinterpret_cast<char const*>(bytes.data()), bytes.size()));
+}
+
+/// Loads the newest complete checkpoint under root; nothing (the trainer untouched) when there
+/// is none.
+template <class Model, class Plan>
+std::optional<std::int64_t> load_latest(trainer<Model, Plan>& t,
+                                        std::filesystem::path const& root) {
+  auto c = store(root).find_latest();
+  if (!c)
+    return std::nullopt;
+  return detail::load(t, detail::world_ops{}, *c);
+}
+template <class Model, class Plan, comm::communicator C>
+std::optional<std::int64_t> load_latest(trainer<Model, Plan>& t, comm::mesh<C>& mesh,
+                                        std::filesystem::path const& root) {
+  auto c = store(root).find_latest();
+  if (!c)
+    return std::nullopt;
+  return detail::load(t, detail::world_of(mesh), *c);
+}
+
+/// Saves in the background: save() copies the state into this rank's file image (the staging,
+/// counted in the trainer's ledger as checkpoint_staging, about the rank's weights and
+/// optimizer state) and does the save's collectives where the training runs, then writes and
+/// commits on a thread of its own while training goes on; the checkpoint holds the state at
+/// the step of save(). A second save() first waits for the one in flight; wait() waits and
+/// rethrows its error; the destructor waits. Every rank of the mesh calls save() at the same
+/// step, as with io::save.
+class async_saver {
+public:
+  async_saver() = default;
+  async_saver(async_saver const&) = delete;
+  async_saver& operator=(async_saver const&) = delete;
+  ~async_saver() {
+    try {
+      wait();
+    } catch (...) { // a destructor cannot report it; wait() would have
+    }
+  }
+
+  template <class Model, class Plan>
+  void save(trainer<Model, Plan>& t, std::filesystem::path const& root,
+            save_options const& o = {}) {
+    start(t, detail::world_ops{}, root, o);
+  }
+  template <class Model, class Plan, comm::communicator C>
+  void save(trainer<Model, Plan>& t, comm::mesh<C>& mesh, std::filesystem::path const& root,
+            save_options const& o = {}) {
+    start(t, detail::world_of(mesh), root, o);
+  }
+
+  /// Waits for the save in flight (if any); returns its directory on rank 0 (empty elsewhere),
+  /// or rethrows its error.
+  std::filesystem::path wait() {
+    if (!pending_.valid())
+      return {};
+    auto f = std::move(pending_);
+    return f.get();
+  }
+  bool busy() const {
+    return pending_.valid() &&
+           pending_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  }
+
+private:
+  template <class Trainer>
+  void start(Trainer& t, detail::world_ops const& w, std::filesystem::path const& root,
+             save_options const& o) {
+    wait();
+    auto job = std::make_shared<detail::save_job>(detail::prepare_save(t, w, root, o));
+    memory_ledger* ledger = &t.ledger();
+    std::size_t const staged = job->bytes.size();
+    ledger->record_allocate(memory_kind::checkpoint_staging, staged);
+    pending_ = std::async(std::launch::async, [job, ledger, staged] {
+      struct release {
+        memory_ledger* l;
+        std::size_t n;
+        ~release() { l->record_free(memory_kind::checkpoint_staging, n); }
+      } r{ledger, staged};
+      detail::write_rank_file(*job);
+      if (job->rank == 0)
+        return detail::commit_save(*job, true);
+      return std::filesystem::path{};
+    });
+  }
+
+  std::future<std::filesystem::path> pending_;
+};
+
+} // namespace strata::io
