@@ -67,6 +67,15 @@ std::vector<layout> const& layouts() {
     v.push_back({"ZeRO-2 dp 2 x tp 2",
                  {.dp = 2, .tp = 2},
                  st::plan<st::sharded<st::zero<2>>, st::tensor_parallel<>>::descriptor()});
+    v.push_back({"ZeRO-3 dp 4", {.dp = 4}, st::plan<st::sharded<st::zero<3>>>::descriptor()});
+    using f1b = st::pipeline_parallel<st::one_f_one_b, st::micro_batches<2>>;
+    v.push_back({"ZeRO-1 dp 2 x pp 2",
+                 {.dp = 2, .pp = 2},
+                 with_mb(st::plan<st::sharded<st::zero<1>>, f1b>::descriptor(), 2)});
+    v.push_back(
+        {"ZeRO-3 dp 2 x tp 2 x pp 2",
+         {.dp = 2, .tp = 2, .pp = 2},
+         with_mb(st::plan<st::sharded<st::zero<3>>, st::tensor_parallel<>, f1b>::descriptor(), 2)});
     return v;
   }();
   return all;
@@ -248,10 +257,17 @@ TEST_CASE("checkpoint resharding: saved under one layout, loaded under another",
           "[checkpoint][trainer][reshard]") {
   // A cycle through every layout (each stage and axis saved and loaded), then precisions.
   std::vector<std::pair<std::string, std::string>> const pairs{
-      {"one rank", "ZeRO-3 dp 2"},           {"ZeRO-3 dp 2", "tensor parallel tp 2"},
-      {"tensor parallel tp 2", "1F1B pp 2"}, {"1F1B pp 2", "ZeRO-1 dp 2"},
-      {"ZeRO-1 dp 2", "ZeRO-2 dp 2 x tp 2"}, {"ZeRO-2 dp 2 x tp 2", "data parallel dp 2"},
-      {"data parallel dp 2", "ZeRO-2 dp 2"}, {"ZeRO-2 dp 2", "one rank"}};
+      {"one rank", "ZeRO-3 dp 2"},
+      {"ZeRO-3 dp 2", "tensor parallel tp 2"},
+      {"tensor parallel tp 2", "1F1B pp 2"},
+      {"1F1B pp 2", "ZeRO-1 dp 2"},
+      {"ZeRO-1 dp 2", "ZeRO-2 dp 2 x tp 2"},
+      {"ZeRO-2 dp 2 x tp 2", "data parallel dp 2"},
+      {"data parallel dp 2", "ZeRO-3 dp 4"},
+      {"ZeRO-3 dp 4", "ZeRO-1 dp 2 x pp 2"},
+      {"ZeRO-1 dp 2 x pp 2", "ZeRO-3 dp 2 x tp 2 x pp 2"},
+      {"ZeRO-3 dp 2 x tp 2 x pp 2", "ZeRO-2 dp 2"},
+      {"ZeRO-2 dp 2", "one rank"}};
   std::size_t const k = 2;
   for (auto const& [from, to] : pairs) {
     CAPTURE(from, to);
