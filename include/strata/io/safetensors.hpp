@@ -407,8 +407,8 @@ private:
 };
 
 /// A safetensors file's tensors (in header order) and metadata, checked on construction. The
-/// views point into the bytes given (which must outlive the reader) or into the reader's own
-/// mapping of the file (which must not shrink while mapped: see data::mapped_file). Throws
+/// views point into the bytes given as a span (which must outlive the reader), into its own copy
+/// of a vector given by move, or into the reader's own mapping of the file (which must not shrink while mapped: see data::mapped_file). Throws
 /// config_error for a malformed file, each kind with its own message that names the file, the
 /// tensor and what to do.
 class reader {
@@ -417,6 +417,14 @@ public:
   explicit reader(std::span<std::byte const> bytes, std::string label = "(in memory)")
       : label_(std::move(label)) {
     parse(bytes);
+  }
+
+  /// Reads the file in `bytes` and keeps them: the views point into the reader's own copy, so a
+  /// temporary (`reader(w.bytes())`) is safe.
+  explicit reader(std::vector<std::byte>&& bytes, std::string label = "(in memory)")
+      : owned_(std::make_shared<std::vector<std::byte> const>(std::move(bytes))),
+        label_(std::move(label)) {
+    parse(*owned_);
   }
 
   /// Maps the file at `path` read-only (its pages are read when a tensor is copied) and reads
@@ -684,6 +692,7 @@ private:
   }
 
   std::shared_ptr<data::mapped_file const> file_; // null when reading given bytes
+  std::shared_ptr<std::vector<std::byte> const> owned_; // the bytes of a reader given a vector
   std::string label_;
   std::vector<tensor_view> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;
