@@ -72,7 +72,24 @@ TEST_CASE("crc32c: known values, the instruction and the table agree", "[checkpo
     auto const half = n / 2;
     CHECK(ck::crc32c_update(ck::crc32c(std::span<std::byte const>(v).first(half)),
                             std::span<std::byte const>(v).subspan(half)) == ck::crc32c(v));
+    // Combined from the two pieces' CRCs: the CRC of the whole, at every split.
+    for (std::size_t cut : {std::size_t{0}, std::size_t{1}, half, n - 1, n}) {
+      CAPTURE(cut);
+      auto const a = std::span<std::byte const>(v).first(cut);
+      auto const b2 = std::span<std::byte const>(v).subspan(cut);
+      CHECK(ck::crc32c_combine(ck::crc32c(a), ck::crc32c(b2), b2.size()) == ck::crc32c(v));
+    }
   }
+  // A long second piece (the length's high bits) and a wrong length does not match.
+  std::vector<std::byte> big((std::size_t{1} << 20) + 13);
+  for (auto& x : big)
+    x = static_cast<std::byte>(g() & 0xffu);
+  auto const head = std::span<std::byte const>(big).first(5);
+  auto const tail = std::span<std::byte const>(big).subspan(5);
+  CHECK(ck::crc32c_combine(ck::crc32c(head), ck::crc32c(tail), tail.size()) == ck::crc32c(big));
+  CHECK(ck::crc32c_combine(ck::crc32c(head), ck::crc32c(tail), tail.size() + 1) !=
+        ck::crc32c(big));
+  static_assert(ck::crc32c_combine(0u, 0u, 0) == 0u);
 }
 
 TEST_CASE("checkpoint store: a writer stopped at any point leaves the previous checkpoint the "

@@ -117,7 +117,8 @@ template <class P>
 outcome run(layout const& L, std::size_t steps, fs::path const* load_from = nullptr,
             fs::path const* save_to = nullptr, std::size_t save_after = 0,
             weights* loaded = nullptr, st::optim::loss_scaler_options scaler = {},
-            fault f = fault::none, bool async = false) {
+            fault f = fault::none, bool async = false,
+            st::engine::optimizer_factory<float> optimizer = {}) {
   outcome out;
   std::mutex mu;
   std::uint64_t const seed = st::test::seed();
@@ -130,9 +131,10 @@ outcome run(layout const& L, std::size_t steps, fs::path const* load_from = null
     o.loss_scaler = scaler;
     st::plan_descriptor plan = L.plan;
     plan.precision.kind = P::kind;
-    st::trainer<st::models::gpt_model<float>, st::runtime_plan<P>> t(
-        mesh, model, st::engine::use<st::optim::adamw<float>>({.eps = 1e-6, .weight_decay = 0.1}),
-        o, plan);
+    if (!optimizer)
+      optimizer = st::engine::use<st::optim::adamw<float>>({.eps = 1e-6, .weight_decay = 0.1});
+    st::trainer<st::models::gpt_model<float>, st::runtime_plan<P>> t(mesh, model, optimizer, o,
+                                                                      plan);
     auto gather = [&](weights& into) {
       t.for_each_value_piece([&](auto const& p, std::size_t first, auto values) {
         std::lock_guard lock(mu);
@@ -199,12 +201,15 @@ outcome run(layout const& L, std::size_t steps, fs::path const* load_from = null
 /// k steps, save, a fresh trainer loads and runs m: against k + m steps unbroken.
 template <class P>
 void check_round_trip(layout const& L, std::size_t k, std::size_t m, bool skips = false,
-                      st::optim::loss_scaler_options scaler = {}) {
+                      st::optim::loss_scaler_options scaler = {},
+                      st::engine::optimizer_factory<float> const& optimizer = {},
+                      bool async = false) {
   CAPTURE(L.name);
   auto const root = root_of("rt");
   fs::remove_all(root);
   // k + m steps unbroken, saving after step k on the way.
-  auto const whole = run<P>(L, k + m, nullptr, &root, k, nullptr, scaler);
+  auto const whole =
+      run<P>(L, k + m, nullptr, &root, k, nullptr, scaler, fault::none, async, optimizer);
   auto const dir = root / st::io::detail::step_name(static_cast<std::int64_t>(k));
   REQUIRE(fs::exists(dir));
   auto const ls = st::io::saved_loader_state(dir);
@@ -212,7 +217,7 @@ void check_round_trip(layout const& L, std::size_t k, std::size_t m, bool skips 
   CHECK(ls->batches == k);
   CHECK(ls->sampler.consumed == 8 * k);
   // A fresh trainer from the checkpoint: steps k + 1 .. k + m.
-  auto const second = run<P>(L, m, &dir, nullptr, 0, nullptr, scaler);
+  auto const second = run<P>(L, m, &dir, nullptr, 0, nullptr, scaler, fault::none, false, optimizer);
   CHECK(second.losses ==
         std::vector<double>(whole.losses.begin() + static_cast<long>(k), whole.losses.end()));
   CHECK(second.w == whole.w);
@@ -228,6 +233,35 @@ void check_round_trip(layout const& L, std::size_t k, std::size_t m, bool skips 
   }
   fs::remove_all(root);
 }
+
+/// An optimizer without in-place state: AdamW behind save() and load() alone, so that a
+/// checkpoint goes through its state_dict.
+class adamw_by_state {
+public:
+  using value_type = float;
+  using options_type = st::optim::adamw_options;
+  adamw_by_state(std::size_t n, options_type const& o) : a_(n, o) {}
+  std::size_t size() const noexcept { return a_.size(); }
+  void step(std::span<float> p, std::span<float const> g, st::optim::step_context const& c) {
+    a_.step(p, g, c);
+  }
+  void step(std::span<float> p, std::span<float const> g, st::optim::step_context const& c,
+            std::size_t offset) {
+    a_.step(p, g, c, offset);
+  }
+  std::int64_t step_count() const noexcept { return a_.step_count(); }
+  st::optim::state_dict save() const { return a_.save(); }
+  void load(st::optim::state_dict const& s) { a_.load(s); }
+  void load(st::optim::state_dict const& s, std::size_t offset) { a_.load(s, offset); }
+  std::size_t state_bytes() const noexcept { return a_.state_bytes(); }
+
+private:
+  st::optim::adamw<float> a_;
+};
+static_assert(st::optim::optimizer<adamw_by_state>);
+static_assert(!st::optim::in_place_state<adamw_by_state>);
+static_assert(st::optim::in_place_state<st::optim::adamw<float>>);
+static_assert(st::optim::in_place_state<st::optim::sgd<double>>);
 
 } // namespace
 
@@ -401,4 +435,58 @@ TEST_CASE("asynchronous save: the checkpoint holds the state at the step of the 
     CHECK(whole.staging_peak <= whole.state_bytes + 64 * 1024);
     fs::remove_all(root);
   }
+}
+
+TEST_CASE("checkpoint round trip of an optimizer saved in place (SGD with momentum) and of one "
+          "saved through its state_dict, synchronous and asynchronous",
+          "[checkpoint][trainer][round_trip]") {
+  auto const sgd = st::engine::use<st::optim::sgd<float>>({.momentum = 0.9, .weight_decay = 0.01});
+  auto const by_state = st::engine::use<adamw_by_state>({.eps = 1e-6, .weight_decay = 0.1});
+  for (char const* name : {"one rank", "ZeRO-2 dp 2"}) {
+    auto const& L = find_layout(name);
+    check_round_trip<st::precision::fp32>(L, 2, 2, false, {}, sgd);
+    check_round_trip<st::precision::fp32>(L, 2, 2, false, {}, by_state);
+    check_round_trip<st::precision::bf16>(L, 2, 2, false, {}, by_state, true);
+  }
+}
+
+TEST_CASE("asynchronous saves one after another: each holds its own step's state (the staging "
+          "buffer is reused)",
+          "[checkpoint][trainer][async]") {
+  auto const root = root_of("async2");
+  fs::remove_all(root);
+  st::models::gpt_model<float> const model{gpt_config()};
+  auto make = [&] {
+    return st::trainer<st::models::gpt_model<float>>(
+        model, st::engine::use<st::optim::adamw<float>>(), {.lr = st::test::constant_lr(1e-3)});
+  };
+  auto t = make();
+  auto const data = st::test::make_parity_data(model, {.sequences = 8, .seq = 8}, 11);
+  std::vector<std::vector<float>> at_save;
+  st::io::async_saver saver;
+  for (int s = 0; s < 3; ++s) {
+    (void)t.step(data.slice(0, 8, 8, 0));
+    std::vector<float> w;
+    t.for_each_value_piece([&](auto const&, std::size_t, auto values) {
+      w.insert(w.end(), values.begin(), values.end());
+    });
+    at_save.push_back(std::move(w));
+    saver.save(t, root); // waits for the previous one, then reuses its buffer
+    if (s == 0)
+      CHECK(saver.staging_bytes() > 0);
+  }
+  saver.wait();
+  for (int s = 0; s < 3; ++s) {
+    CAPTURE(s);
+    auto u = make();
+    CHECK(st::io::load(u, root / st::io::detail::step_name(s + 1)) == s + 1);
+    std::vector<float> w;
+    u.for_each_value_piece([&](auto const&, std::size_t, auto values) {
+      w.insert(w.end(), values.begin(), values.end());
+    });
+    CHECK(w == at_save[static_cast<std::size_t>(s)]);
+  }
+  saver.release();
+  CHECK(saver.staging_bytes() == 0);
+  fs::remove_all(root);
 }

@@ -13,6 +13,7 @@
 #include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace strata::engine {
 
@@ -39,6 +40,13 @@ public:
   virtual optim::state_dict save() const = 0;
   virtual void load(optim::state_dict const&) = 0;
   virtual std::size_t state_bytes() const = 0;
+  /// Whether the optimizer's state is read and written in place (optim::in_place_state): then
+  /// arrays(), scalars() and load_scalars() are its; else they hold nothing and a checkpoint
+  /// goes through save() and load().
+  virtual bool in_place() const { return false; }
+  virtual std::vector<optim::state_array<M>> arrays() { return {}; }
+  virtual optim::state_dict scalars() const { return {}; }
+  virtual void load_scalars(optim::state_dict const&) {}
 };
 
 namespace detail {
@@ -67,6 +75,23 @@ public:
   optim::state_dict save() const override { return o_.save(); }
   void load(optim::state_dict const& s) override { o_.load(s); }
   std::size_t state_bytes() const override { return o_.state_bytes(); }
+  bool in_place() const override { return optim::in_place_state<O>; }
+  std::vector<optim::state_array<M>> arrays() override {
+    if constexpr (optim::in_place_state<O>)
+      return o_.arrays();
+    else
+      return {};
+  }
+  optim::state_dict scalars() const override {
+    if constexpr (optim::in_place_state<O>)
+      return o_.scalars();
+    else
+      return {};
+  }
+  void load_scalars(optim::state_dict const& s) override {
+    if constexpr (optim::in_place_state<O>)
+      o_.load_scalars(s);
+  }
 
 private:
   O o_;

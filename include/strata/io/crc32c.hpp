@@ -99,6 +99,49 @@ inline std::uint32_t crc32c(std::span<std::byte const> bytes) noexcept {
   return crc32c_update(0, bytes);
 }
 
+namespace detail {
+
+// Multiplication of two polynomials modulo the CRC's (bit-reflected: bit 31 is x^0).
+constexpr std::uint32_t crc32c_multmodp(std::uint32_t a, std::uint32_t b) noexcept {
+  std::uint32_t m = 1u << 31, p = 0;
+  for (;;) {
+    if ((a & m) != 0) {
+      p ^= b;
+      if ((a & (m - 1)) == 0)
+        break;
+    }
+    m >>= 1;
+    b = (b & 1u) != 0 ? (b >> 1) ^ crc32c_poly : b >> 1;
+  }
+  return p;
+}
+
+// x^(2^k) modulo the CRC's polynomial, k = 0..31.
+struct crc32c_x2n {
+  std::array<std::uint32_t, 32> t{};
+  constexpr crc32c_x2n() {
+    std::uint32_t p = 1u << 30; // x^1
+    t[0] = p;
+    for (std::size_t k = 1; k < 32; ++k)
+      t[k] = p = crc32c_multmodp(p, p);
+  }
+};
+inline constexpr crc32c_x2n crc32c_x2n_table{};
+
+} // namespace detail
+
+/// The CRC-32C of a followed by b from crc32c(a), crc32c(b) and b's length, without reading
+/// the bytes again (zlib's crc32_combine, for this polynomial): O(log len_b).
+constexpr std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
+                                       std::uint64_t len_b) noexcept {
+  std::uint32_t p = 1u << 31; // x^0
+  unsigned k = 3;             // x^(8 len_b): len_b bytes are 8 len_b bits
+  for (std::uint64_t n = len_b; n != 0; n >>= 1, ++k)
+    if ((n & 1u) != 0)
+      p = detail::crc32c_multmodp(detail::crc32c_x2n_table.t[k & 31u], p);
+  return detail::crc32c_multmodp(p, crc_a) ^ crc_b;
+}
+
 /// The portable form alone (a test compares it with the instruction's).
 inline std::uint32_t crc32c_portable(std::span<std::byte const> bytes) noexcept {
   return ~detail::crc32c_table_update(~0u, reinterpret_cast<unsigned char const*>(bytes.data()),

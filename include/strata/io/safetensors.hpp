@@ -309,6 +309,27 @@ public:
     return s;
   }
 
+  /// The file's first bytes: the header's 8-byte little-endian length, then the header. The
+  /// tensors' bytes (data_parts(), in order) follow them: a caller that writes the file itself
+  /// (gathered, without an image of it in memory) writes prefix() then each part.
+  std::vector<std::byte> prefix() const {
+    std::string const h = header();
+    std::vector<std::byte> out(8 + h.size());
+    std::uint64_t const n = h.size();
+    std::memcpy(out.data(), &n, 8);
+    std::memcpy(out.data() + 8, h.data(), h.size());
+    return out;
+  }
+
+  /// The tensors' bytes in the file's order (views of what was added).
+  std::vector<std::span<std::byte const>> data_parts() const {
+    std::vector<std::span<std::byte const>> out;
+    out.reserve(tensors_.size());
+    for (entry const& t : tensors_)
+      out.push_back(t.bytes());
+    return out;
+  }
+
   /// The whole file in memory (to checksum or send it): length, header, data.
   std::vector<std::byte> bytes() const {
     std::string const h = header();

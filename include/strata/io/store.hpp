@@ -78,32 +78,39 @@ inline void fsync_dir(std::filesystem::path const& dir) {
   ::close(fd);
 }
 
-/// Writes bytes to a new file (truncating), in chunks of at most `chunk` bytes, calling the hook
-/// before each, then fsyncs it. Returns the CRC-32C of the bytes.
-inline std::uint32_t write_file(std::filesystem::path const& path, std::span<std::byte const> bytes,
+/// Writes the parts, in order, to a new file (truncating), in chunks of at most `chunk` bytes,
+/// calling the hook before each, then fsyncs it. Returns the CRC-32C of the bytes: `known_crc`
+/// when the caller has it (computed over the same bytes as they were made), else computed here
+/// over each chunk as it is written.
+inline std::uint32_t write_file(std::filesystem::path const& path,
+                                std::span<std::span<std::byte const> const> parts,
                                 write_hook const& hook, std::uint64_t& written,
-                                std::size_t chunk = std::size_t{8} << 20) {
+                                std::size_t chunk = std::size_t{8} << 20,
+                                std::optional<std::uint32_t> known_crc = std::nullopt) {
   int const fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
     fail_io("create", path, errno);
   std::uint32_t crc = 0;
-  std::size_t at = 0;
   std::string const name = path.filename().string();
-  while (at < bytes.size()) {
-    std::size_t const n = std::min(chunk, bytes.size() - at);
-    if (hook)
-      hook(name, written);
-    ssize_t const w = ::write(fd, bytes.data() + at, n);
-    if (w < 0) {
-      if (errno == EINTR)
-        continue;
-      int const err = errno;
-      ::close(fd);
-      fail_io("write", path, err);
+  for (std::span<std::byte const> const bytes : parts) {
+    std::size_t at = 0;
+    while (at < bytes.size()) {
+      std::size_t const n = std::min(chunk, bytes.size() - at);
+      if (hook)
+        hook(name, written);
+      ssize_t const w = ::write(fd, bytes.data() + at, n);
+      if (w < 0) {
+        if (errno == EINTR)
+          continue;
+        int const err = errno;
+        ::close(fd);
+        fail_io("write", path, err);
+      }
+      if (!known_crc)
+        crc = crc32c_update(crc, bytes.subspan(at, static_cast<std::size_t>(w)));
+      at += static_cast<std::size_t>(w);
+      written += static_cast<std::uint64_t>(w);
     }
-    crc = crc32c_update(crc, bytes.subspan(at, static_cast<std::size_t>(w)));
-    at += static_cast<std::size_t>(w);
-    written += static_cast<std::uint64_t>(w);
   }
   if (::fsync(fd) != 0) {
     int const err = errno;
@@ -112,7 +119,14 @@ inline std::uint32_t write_file(std::filesystem::path const& path, std::span<std
   }
   if (::close(fd) != 0)
     fail_io("close", path, errno);
-  return crc;
+  return known_crc ? *known_crc : crc;
+}
+
+inline std::uint32_t write_file(std::filesystem::path const& path, std::span<std::byte const> bytes,
+                                write_hook const& hook, std::uint64_t& written,
+                                std::size_t chunk = std::size_t{8} << 20) {
+  std::span<std::byte const> const one[1] = {bytes};
+  return write_file(path, one, hook, written, chunk);
 }
 
 inline std::vector<std::byte> read_file(std::filesystem::path const& path) {
@@ -248,14 +262,23 @@ public:
   /// Writes one file of step's pending checkpoint (fsynced) and returns its record. Any rank
   /// may write its own files; the committing rank passes them all to commit().
   file_record write(std::int64_t step, std::string const& name, std::span<std::byte const> bytes) {
-    if (name.empty() || name == manifest_name || name.find('/') != std::string::npos ||
-        name.find('\n') != std::string::npos)
-      throw config_error("strata: checkpoint: '" + name +
-                         "' is not a file name a checkpoint can hold (no '/', no newline, not " +
-                         manifest_name + ")");
+    check_name(name);
     file_record r;
     r.bytes = bytes.size();
     r.crc32c = detail::write_file(pending(step) / name, bytes, hook_, written_, chunk_);
+    return r;
+  }
+
+  /// The same for a file given in parts written one after another (no image of the file in
+  /// memory), whose CRC-32C the caller computed as it made the bytes (crc32c_combine of the
+  /// parts' CRCs): the bytes are not read again here.
+  file_record write(std::int64_t step, std::string const& name,
+                    std::span<std::span<std::byte const> const> parts, std::uint32_t crc) {
+    check_name(name);
+    file_record r;
+    for (auto const& p : parts)
+      r.bytes += p.size();
+    r.crc32c = detail::write_file(pending(step) / name, parts, hook_, written_, chunk_, crc);
     return r;
   }
 
@@ -366,6 +389,14 @@ public:
   }
 
 private:
+  static void check_name(std::string const& name) {
+    if (name.empty() || name == manifest_name || name.find('/') != std::string::npos ||
+        name.find('\n') != std::string::npos)
+      throw config_error("strata: checkpoint: '" + name +
+                         "' is not a file name a checkpoint can hold (no '/', no newline, not " +
+                         manifest_name + ")");
+  }
+
   // Keeps the newest keep_last complete checkpoints (never the one find_latest gives) and
   // removes stale temporary directories of steps at or below the newest.
   void retain() {

@@ -30,6 +30,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +49,10 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <fcntl.h>
+#include <sched.h>
+#include <unistd.h>
 
 namespace strata::io {
 
@@ -171,25 +177,85 @@ void convert_in(void* dst, std::byte const* src, safetensors::dtype from_type, s
 
 // ---- save ------------------------------------------------------------------------------------
 
-/// Everything a save writes, captured at the step of the save: this rank's file (the staging
-/// copy of its pieces), every rank's file record, rank 0's index without its tensors.
+/// One tensor of this rank's file: its bytes (in the trainer's own arrays, or in an
+/// asynchronous save's staging buffer) and their CRC-32C, computed once.
+struct save_part {
+  std::string key;
+  safetensors::dtype type = safetensors::dtype::f32;
+  std::uint64_t count = 0;
+  std::span<std::byte const> bytes;
+  std::uint32_t crc = 0;
+};
+
+/// Everything a save writes, captured at the step of the save: this rank's file (its header,
+/// then views of its pieces), every rank's file record, rank 0's index without its tensors.
 struct save_job {
   std::int64_t step = 0;
   std::filesystem::path root;
   std::size_t keep_last = 0;
   int rank = 0, size = 1;
   bool writes = false;
-  std::vector<std::byte> bytes;
+  std::vector<std::byte> prefix;                 // the header's length and the header
+  std::vector<std::span<std::byte const>> parts; // the pieces' bytes, in the file's order
+  std::uint64_t file_bytes = 0;
+  std::uint32_t file_crc = 0;
+  // A save() copy of an optimizer without in-place state that `parts` point into.
+  std::shared_ptr<optim::state_dict const> held;
   std::vector<std::int64_t> all; // every rank's (writes, bytes, crc32c)
   nlohmann::json index;          // rank 0's
   std::optional<std::string> loader;
 };
 
+/// Copies src to dst and returns its CRC-32C, a block at a time while the block is in cache.
+inline std::uint32_t copy_with_crc(std::byte* dst, std::span<std::byte const> src) noexcept {
+  constexpr std::size_t block = std::size_t{256} << 10;
+  std::uint32_t crc = 0;
+  for (std::size_t at = 0; at < src.size(); at += block) {
+    std::size_t const n = std::min(block, src.size() - at);
+    std::memcpy(dst + at, src.data() + at, n);
+    crc = crc32c_update(crc, std::span<std::byte const>(dst + at, n));
+  }
+  return crc;
+}
+
+/// The optimizer's per-element arrays (name, the rank's n_state elements) and its scalars: in
+/// place when the optimizer allows it, else from a save() copy kept in `held`.
+template <class M>
+struct optimizer_view {
+  std::vector<std::pair<std::string, std::span<M const>>> arrays;
+  optim::state_dict scalars;
+};
+
+template <class M>
+optimizer_view<M> view_optimizer(engine::optimizer_slot<M>& o,
+                                 std::shared_ptr<optim::state_dict const>& held) {
+  optimizer_view<M> v;
+  std::size_t const n = o.size();
+  if (o.in_place()) {
+    for (auto const& a : o.arrays())
+      v.arrays.emplace_back(std::string(a.name), std::span<M const>(a.values));
+    v.scalars = o.scalars();
+    return v;
+  }
+  held = std::make_shared<optim::state_dict const>(o.save());
+  for (auto const& [name, a] : *held) {
+    if (a.shape.empty()) {
+      optim::state_tensor c = a;
+      v.scalars.put(name, std::move(c));
+    } else if (a.shape.size() == 1 && a.numel() == n && a.type == strata::dtype_of<M>) {
+      v.arrays.emplace_back(name,
+                            std::span<M const>(reinterpret_cast<M const*>(a.bytes.data()), n));
+    }
+  }
+  return v;
+}
+
 /// The collective part, run where the training runs: the temporary directory made, this rank's
-/// pieces copied into its file image, the records gathered, rank 0's index scalars taken.
+/// pieces listed (views of the trainer's arrays; copied into `staging` when given, for a save
+/// in the background) with their CRC-32C, the records gathered, rank 0's index scalars taken.
 template <class Trainer>
 save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path const& root,
-                      save_options const& o) {
+                      save_options const& o, std::vector<std::byte>* staging = nullptr) {
   using T = typename Trainer::value_type;
   using M = typename Trainer::master_type;
   save_job job;
@@ -213,10 +279,9 @@ save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path cons
   bool const sharded = owned_elements < held_elements;
   job.writes = w.coords.dp == 0 || sharded;
   auto* prec = precision_of(t);
-  optim::state_dict const opt = t.optimizer().save();
-  std::size_t const n_state = t.optimizer().size();
+  optimizer_view<M> const opt = view_optimizer(t.optimizer(), job.held);
   if (job.writes) {
-    safetensors::writer out;
+    std::vector<save_part> parts;
     M const* weights = nullptr;
     if constexpr (!std::is_same_v<T, M>)
       weights = prec->master().data();
@@ -224,8 +289,6 @@ save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path cons
       auto const& p = *fl.params[pc.param].p;
       if (!p.sharded() && w.coords.tp != 0)
         continue; // replicated over the tensor-parallel group: tp rank 0 writes it
-      std::vector<std::uint64_t> const shape{pc.count};
-      std::string const key = piece_key("weights/" + p.name(), pc.first);
       std::span<std::byte const> wb;
       if constexpr (std::is_same_v<T, M>) { // the values are the weights
         (void)weights;
@@ -233,34 +296,59 @@ save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path cons
       } else {
         wb = std::as_bytes(std::span<M const>(weights + pc.state_at, pc.count));
       }
-      out.add(key, safetensors::dtype_of<M>, shape, wb);
-      out.metadata("crc/" + key, std::to_string(crc32c(wb)));
-      for (auto const& [name, a] : opt) {
-        if (a.shape.size() != 1 || a.numel() != n_state)
-          continue;
-        auto const ab = std::span<std::byte const>(a.bytes).subspan(pc.state_at * sizeof(M),
-                                                                    pc.count * sizeof(M));
-        std::string const k = piece_key("optim/" + name + "/" + p.name(), pc.first);
-        out.add(k, safetensors::file_dtype(a.type), shape, ab);
-        out.metadata("crc/" + k, std::to_string(crc32c(ab)));
+      parts.push_back({piece_key("weights/" + p.name(), pc.first), safetensors::dtype_of<M>,
+                       pc.count, wb, 0});
+      for (auto const& [name, a] : opt.arrays)
+        parts.push_back({piece_key("optim/" + name + "/" + p.name(), pc.first),
+                         safetensors::dtype_of<M>, pc.count,
+                         std::as_bytes(a.subspan(pc.state_at, pc.count)), 0});
+    }
+    if (staging != nullptr) { // copied, and checksummed as copied
+      std::size_t total = 0;
+      for (auto const& pt : parts)
+        total += pt.bytes.size();
+      if (staging->size() < total)
+        staging->resize(total);
+      std::size_t at = 0;
+      for (auto& pt : parts) {
+        pt.crc = copy_with_crc(staging->data() + at, pt.bytes);
+        pt.bytes = std::span<std::byte const>(staging->data() + at, pt.bytes.size());
+        at += pt.bytes.size();
       }
+    } else {
+      for (auto& pt : parts)
+        pt.crc = crc32c(pt.bytes);
+    }
+    safetensors::writer out;
+    for (auto const& pt : parts) {
+      out.add(pt.key, pt.type, {pt.count}, pt.bytes);
+      out.metadata("crc/" + pt.key, std::to_string(pt.crc));
     }
     for (auto const& e : fl.params)
       out.metadata("shape/" + e.p->name(), shape_json(e.p->full_shape()));
-    job.bytes = out.bytes(); // the one copy: the file image
+    job.prefix = out.prefix();
+    job.file_bytes = job.prefix.size();
+    job.file_crc = crc32c(job.prefix);
+    for (auto const& pt : parts) {
+      job.parts.push_back(pt.bytes);
+      job.file_bytes += pt.bytes.size();
+      job.file_crc = crc32c_combine(job.file_crc, pt.crc, pt.bytes.size());
+    }
   }
-  std::uint32_t const crc = job.writes ? crc32c(job.bytes) : 0;
-  job.all = w.gather3(job.writes ? 1 : 0, static_cast<std::int64_t>(job.bytes.size()), crc);
+  if (staging != nullptr)
+    job.held.reset(); // the parts point into the staging buffer
+  job.all = w.gather3(job.writes ? 1 : 0, static_cast<std::int64_t>(job.file_bytes),
+                      job.writes ? job.file_crc : 0);
   if (w.rank == 0) {
     nlohmann::json scalars = nlohmann::json::object();
-    for (auto const& [name, a] : opt)
+    for (auto const& [name, a] : opt.scalars)
       if (a.shape.empty()) {
         if (a.type == strata::dtype::i64)
-          scalars[name] = opt.template get_scalar<std::int64_t>(name);
+          scalars[name] = opt.scalars.template get_scalar<std::int64_t>(name);
         else if (a.type == strata::dtype::f64)
-          scalars[name] = opt.template get_scalar<double>(name);
+          scalars[name] = opt.scalars.template get_scalar<double>(name);
         else if (a.type == strata::dtype::f32)
-          scalars[name] = opt.template get_scalar<float>(name);
+          scalars[name] = opt.scalars.template get_scalar<float>(name);
       }
     auto const& v = t.state().values();
     job.index = {{"format", "strata-checkpoint"},
@@ -294,8 +382,13 @@ inline std::string done_marker(int rank) {
 /// This rank's file written (fsynced) into the temporary directory, then its done marker.
 inline void write_rank_file(save_job const& job) {
   store s(job.root, job.keep_last);
-  if (job.writes)
-    (void)s.write(job.step, file_of_rank(job.rank), job.bytes);
+  if (job.writes) {
+    std::vector<std::span<std::byte const>> parts;
+    parts.reserve(job.parts.size() + 1);
+    parts.push_back(job.prefix);
+    parts.insert(parts.end(), job.parts.begin(), job.parts.end());
+    (void)s.write(job.step, file_of_rank(job.rank), parts, job.file_crc);
+  }
   std::ofstream(s.pending(job.step) / done_marker(job.rank)).put('1');
 }
 
@@ -458,6 +551,14 @@ public:
       auto const& p = t.pieces[c.piece];
       auto const& in = file(p.file);
       auto const& tv = in.at(p.key);
+      if (c.from == 0 && c.count == p.count && tv.type == safetensors::dtype_of<M> &&
+          tv.bytes.size() == p.count * sizeof(M)) {
+        // A whole piece of the trainer's type (a load under the layout of the save, or a
+        // coarser one): read into place, checked on the way.
+        read_into(p, in, tv, reinterpret_cast<std::byte*>(dst + c.to));
+        checked_.insert(p.file + "\n" + p.key);
+        continue;
+      }
       if (checked_.insert(p.file + "\n" + p.key).second && crc32c(tv.bytes) != p.crc)
         throw config_error("strata: checkpoint '" + dir_.path.string() + "': piece '" + p.key +
                            "' of file '" + p.file +
@@ -469,6 +570,59 @@ public:
   }
 
 private:
+  struct descriptor {
+    int fd = -1;
+    descriptor() = default;
+    descriptor(descriptor const&) = delete;
+    descriptor& operator=(descriptor const&) = delete;
+    ~descriptor() {
+      if (fd >= 0)
+        ::close(fd);
+    }
+  };
+
+  [[noreturn]] void corrupted(saved_piece const& p) const {
+    throw config_error("strata: checkpoint '" + dir_.path.string() + "': piece '" + p.key +
+                       "' of file '" + p.file +
+                       "' is corrupted (its CRC-32C disagrees with the index): restore "
+                       "the file, or load an earlier checkpoint");
+  }
+
+  // Reads piece p's bytes into dst with pread (the kernel's read-ahead, one copy; not page
+  // faults of the mapping), a block at a time, each block checksummed while in cache.
+  void read_into(saved_piece const& p, safetensors::reader const& in,
+                 safetensors::tensor_view const& tv, std::byte* dst) {
+    auto& d = fds_[p.file];
+    if (!d) {
+      d = std::make_unique<descriptor>();
+      auto const path = dir_.path / p.file;
+      d->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (d->fd < 0)
+        throw config_error("strata: checkpoint: cannot open '" + path.string() +
+                           "': " + std::strerror(errno));
+      (void)::posix_fadvise(d->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    constexpr std::size_t block = std::size_t{1} << 20;
+    std::uint64_t const offset = in.data_start() + tv.begin;
+    std::size_t const n = tv.bytes.size();
+    std::uint32_t crc = 0;
+    for (std::size_t at = 0; at < n;) {
+      std::size_t const want = std::min(block, n - at);
+      ::ssize_t const got = ::pread(d->fd, dst + at, want, static_cast<off_t>(offset + at));
+      if (got < 0 && errno == EINTR)
+        continue;
+      if (got < 0)
+        throw config_error("strata: checkpoint: cannot read '" + (dir_.path / p.file).string() +
+                           "': " + std::strerror(errno));
+      if (got == 0)
+        corrupted(p); // shorter than its header says (the manifest's size check came first)
+      crc = crc32c_update(crc, std::span<std::byte const>(dst + at, static_cast<std::size_t>(got)));
+      at += static_cast<std::size_t>(got);
+    }
+    if (crc != p.crc)
+      corrupted(p);
+  }
+
   safetensors::reader const& file(std::string const& name) {
     auto it = files_.find(name);
     if (it == files_.end()) {
@@ -485,6 +639,7 @@ private:
   std::map<std::string, saved_tensor> tensors_;
   std::map<std::string, std::unique_ptr<safetensors::reader>> files_;
   std::set<std::string> checked_;
+  std::map<std::string, std::unique_ptr<descriptor>> fds_;
 };
 
 template <class Trainer>
@@ -498,19 +653,34 @@ std::int64_t load(Trainer& t, world_ops const& w, checkpoint_dir const& c) {
   std::vector<M> buf;
   for (auto const& pc : fl.value_pieces) {
     auto const& p = *fl.params[pc.param].p;
-    buf.resize(pc.count);
-    in.template fill<M>("weights/" + p.name(), p.full_shape(), pc.first, pc.count, buf.data());
     T* dst = const_cast<T*>(pc.data);
-    for (std::size_t i = 0; i < pc.count; ++i)
-      dst[i] = element_cast<T>(buf[i]);
+    if constexpr (std::is_same_v<T, M>) { // the values are the weights: read into place
+      in.template fill<M>("weights/" + p.name(), p.full_shape(), pc.first, pc.count, dst);
+    } else {
+      buf.resize(pc.count);
+      in.template fill<M>("weights/" + p.name(), p.full_shape(), pc.first, pc.count, buf.data());
+      for (std::size_t i = 0; i < pc.count; ++i)
+        dst[i] = element_cast<T>(buf[i]);
+    }
   }
   // The owned pieces' master weights and optimizer state.
   auto const owned = owned_pieces(t);
   auto* prec = precision_of(t);
-  optim::state_dict opt = t.optimizer().save();
-  std::size_t const n_state = t.optimizer().size();
+  auto& o = t.optimizer();
+  bool const in_place = o.in_place();
+  // In place: the arrays filled where they are, the scalars restored; else through a save()
+  // copy filled and load()ed.
+  optim::state_dict const opt = in_place ? o.scalars() : o.save();
+  std::size_t const n_state = o.size();
   nlohmann::json const& scalars = in.index().at("optimizer_scalars");
   optim::state_dict next;
+  if (in_place)
+    for (auto const& a : o.arrays())
+      for (auto const& pc : owned) {
+        auto const& p = *fl.params[pc.param].p;
+        in.template fill<M>("optim/" + std::string(a.name) + "/" + p.name(), p.full_shape(),
+                            pc.first, pc.count, a.values.data() + pc.state_at);
+      }
   for (auto const& [name, a] : opt) {
     if (a.shape.empty()) {
       if (!scalars.contains(name))
@@ -534,7 +704,10 @@ std::int64_t load(Trainer& t, world_ops const& w, checkpoint_dir const& c) {
       }
     next.put(name, std::move(s));
   }
-  t.optimizer().load(next);
+  if (in_place)
+    o.load_scalars(next);
+  else
+    o.load(next);
   if constexpr (!std::is_same_v<T, M>) {
     auto& master = prec->master();
     for (auto const& pc : owned) {
@@ -626,16 +799,27 @@ std::optional<std::int64_t> load_latest(trainer<Model, Plan>& t, comm::mesh<C>& 
   return detail::load(t, detail::world_of(mesh), *c);
 }
 
-/// Saves in the background: save() copies the state into this rank's file image (the staging,
-/// counted in the trainer's ledger as checkpoint_staging, about the rank's weights and
-/// optimizer state) and does the save's collectives where the training runs, then writes and
-/// commits on a thread of its own while training goes on; the checkpoint holds the state at
-/// the step of save(). A second save() first waits for the one in flight; wait() waits and
-/// rethrows its error; the destructor waits. Every rank of the mesh calls save() at the same
-/// step, as with io::save.
+/// How an async_saver's thread runs.
+struct async_options {
+  /// Write at the idle scheduling class (Linux SCHED_IDLE): the thread runs on a core only
+  /// when no training thread wants it, so the steps during a save keep their time and the save
+  /// takes what is left. false: at the training threads' own priority (a faster save, slower
+  /// steps while it runs).
+  bool idle_priority = true;
+};
+
+/// Saves in the background: save() copies this rank's pieces into a staging buffer, computing
+/// their CRC-32C as it copies (on the training thread; the buffer is kept for the next save, so
+/// its pages are touched once), and does the save's collectives where the training runs, then
+/// writes and commits on a thread of its own while training goes on; the checkpoint holds the
+/// state at the step of save(). The staging is counted in the trainer's ledger as
+/// checkpoint_staging while a save is in flight (about the rank's weights and optimizer state);
+/// release() frees it between saves. A second save() first waits for the one in flight;
+/// wait() waits and rethrows its error; the destructor waits. Every rank of the mesh calls
+/// save() at the same step, as with io::save.
 class async_saver {
 public:
-  async_saver() = default;
+  explicit async_saver(async_options o = {}) : options_(o) {}
   async_saver(async_saver const&) = delete;
   async_saver& operator=(async_saver const&) = delete;
   ~async_saver() {
@@ -668,22 +852,43 @@ public:
     return pending_.valid() &&
            pending_.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
   }
+  /// Waits for the save in flight, then frees the staging buffer.
+  void release() {
+    wait();
+    std::vector<std::byte>().swap(*staging_);
+  }
+  /// The staging buffer's bytes (kept between saves).
+  std::size_t staging_bytes() const noexcept { return staging_->size(); }
 
 private:
   template <class Trainer>
   void start(Trainer& t, detail::world_ops const& w, std::filesystem::path const& root,
              save_options const& o) {
     wait();
-    auto job = std::make_shared<detail::save_job>(detail::prepare_save(t, w, root, o));
+    auto job =
+        std::make_shared<detail::save_job>(detail::prepare_save(t, w, root, o, staging_.get()));
     memory_ledger* ledger = &t.ledger();
-    std::size_t const staged = job->bytes.size();
+    std::size_t staged = 0;
+    for (auto const& p : job->parts)
+      staged += p.size();
     ledger->record_allocate(memory_kind::checkpoint_staging, staged);
-    pending_ = std::async(std::launch::async, [job, ledger, staged] {
+    bool const idle = options_.idle_priority;
+    pending_ = std::async(std::launch::async, [job, ledger, staged, idle,
+                                               keep = staging_] {
       struct release {
         memory_ledger* l;
         std::size_t n;
         ~release() { l->record_free(memory_kind::checkpoint_staging, n); }
       } r{ledger, staged};
+      (void)keep; // the buffer the job points into outlives the job
+#if defined(__linux__)
+      if (idle) {
+        sched_param none{};
+        (void)::sched_setscheduler(0, SCHED_IDLE, &none); // this thread alone
+      }
+#else
+      (void)idle;
+#endif
       detail::write_rank_file(*job);
       if (job->rank == 0)
         return detail::commit_save(*job, true);
@@ -691,6 +896,8 @@ private:
     });
   }
 
+  async_options options_;
+  std::shared_ptr<std::vector<std::byte>> staging_ = std::make_shared<std::vector<std::byte>>();
   std::future<std::filesystem::path> pending_;
 };
 

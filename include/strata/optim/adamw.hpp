@@ -141,6 +141,19 @@ public:
     return s;
   }
 
+  /// In place (optim::in_place_state): the two moments, save()'s "step" alone, and its restore.
+  std::vector<state_array<T>> arrays() noexcept {
+    return {{"exp_avg", std::span<T>(exp_avg_)}, {"exp_avg_sq", std::span<T>(exp_avg_sq_)}};
+  }
+  state_dict scalars() const {
+    state_dict s;
+    s.put_scalar("step", step_count_);
+    return s;
+  }
+  void load_scalars(state_dict const& state) {
+    step_count_ = state.get_scalar<std::int64_t>("step");
+  }
+
   /// Restores a state saved by an adamw of the same size and value type.
   void load(state_dict const& state) { restore(state, 0, false); }
 

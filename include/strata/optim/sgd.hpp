@@ -167,6 +167,22 @@ public:
     return s;
   }
 
+  /// In place (optim::in_place_state): the momentum buffer (none when momentum is 0), save()'s
+  /// "step" alone, and its restore.
+  std::vector<state_array<T>> arrays() noexcept {
+    if (momentum_buffer_.empty())
+      return {};
+    return {{"momentum_buffer", std::span<T>(momentum_buffer_)}};
+  }
+  state_dict scalars() const {
+    state_dict s;
+    s.put_scalar("step", step_count_);
+    return s;
+  }
+  void load_scalars(state_dict const& state) {
+    step_count_ = state.get_scalar<std::int64_t>("step");
+  }
+
   /// Restores a state saved by an sgd of the same size, value type and momentum setting.
   void load(state_dict const& state) { restore(state, 0, false); }
 

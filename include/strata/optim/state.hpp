@@ -4,6 +4,7 @@
 #include <strata/core/dtype.hpp>
 #include <strata/core/error.hpp>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -175,6 +176,28 @@ private:
   }
 
   std::vector<std::pair<std::string, state_tensor>> entries_;
+};
+
+/// One per-element state array of an optimizer, in place (the optimizer's own storage): what a
+/// checkpoint writes and fills without copying the state (io::save, io::load).
+template <class T>
+struct state_array {
+  std::string_view name; ///< its name in save()'s state_dict ("exp_avg", ...)
+  std::span<T> values;   ///< size() elements
+};
+
+/// An optimizer whose state a checkpoint reads and writes in place, besides save() and load():
+/// - `arrays()`: its per-element arrays (those save() holds, by the same names), in place;
+/// - `scalars()`: save()'s scalars alone (no copy of the arrays);
+/// - `load_scalars(state)`: restores the scalars of a saved state (the arrays are filled in
+///   place by the caller).
+/// optim::adamw and optim::sgd are such optimizers; another one is saved through save() and
+/// load().
+template <class O>
+concept in_place_state = requires(O& o, O const& co, state_dict const& s) {
+  { o.arrays() } -> std::same_as<std::vector<state_array<typename O::value_type>>>;
+  { co.scalars() } -> std::same_as<state_dict>;
+  o.load_scalars(s);
 };
 
 } // namespace strata::optim
