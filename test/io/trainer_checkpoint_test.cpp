@@ -463,7 +463,7 @@ TEST_CASE("asynchronous saves one after another: each holds its own step's state
   auto t = make();
   auto const data = st::test::make_parity_data(model, {.sequences = 8, .seq = 8}, 11);
   std::vector<std::vector<float>> at_save;
-  st::io::async_saver saver;
+  st::io::async_saver saver({.idle_priority = false}); // (the other async test: the default)
   for (int s = 0; s < 3; ++s) {
     (void)t.step(data.slice(0, 8, 8, 0));
     std::vector<float> w;

@@ -51,7 +51,7 @@
 #include <vector>
 
 #include <fcntl.h>
-#include <sched.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 namespace strata::io {
@@ -801,10 +801,11 @@ std::optional<std::int64_t> load_latest(trainer<Model, Plan>& t, comm::mesh<C>& 
 
 /// How an async_saver's thread runs.
 struct async_options {
-  /// Write at the idle scheduling class (Linux SCHED_IDLE): the thread runs on a core only
-  /// when no training thread wants it, so the steps during a save keep their time and the save
-  /// takes what is left. false: at the training threads' own priority (a faster save, slower
-  /// steps while it runs).
+  /// Write at the lowest priority (nice 19 for the saver's thread alone, on Linux): a core
+  /// wanted by a training thread goes to it first, so the steps during a save keep more of
+  /// their time, while the save still always progresses (not SCHED_IDLE, under which a busy
+  /// machine could starve it and the next save would wait for ever). false: at the training
+  /// threads' own priority (a faster save, slower steps while it runs).
   bool idle_priority = true;
 };
 
@@ -882,10 +883,8 @@ private:
       } r{ledger, staged};
       (void)keep; // the buffer the job points into outlives the job
 #if defined(__linux__)
-      if (idle) {
-        sched_param none{};
-        (void)::sched_setscheduler(0, SCHED_IDLE, &none); // this thread alone
-      }
+      if (idle) // this thread alone: Linux keeps a nice value per thread
+        (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
 #else
       (void)idle;
 #endif
