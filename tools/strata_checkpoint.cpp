@@ -461,16 +461,23 @@ int shard(fs::path const& file, fs::path const& root, std::int64_t step) {
   job.rank = 0;
   job.size = 1;
   job.writes = true;
-  job.bytes = w.bytes();
-  job.all = {1, static_cast<std::int64_t>(job.bytes.size()),
-             static_cast<std::int64_t>(io::crc32c(job.bytes))};
+  job.prefix = w.prefix();
+  job.file_bytes = job.prefix.size();
+  job.file_crc = io::crc32c(job.prefix);
+  for (auto const& part : w.data_parts()) { // views of the input file's mapping
+    job.parts.push_back(part);
+    job.file_bytes += part.size();
+    job.file_crc = io::crc32c_combine(job.file_crc, io::crc32c(part), part.size());
+  }
+  job.all = {1, static_cast<std::int64_t>(job.file_bytes),
+             static_cast<std::int64_t>(job.file_crc)};
   job.index = std::move(index);
   job.loader = std::move(loader);
   io::store(root).begin(step);
   io::detail::write_rank_file(job);
   auto const dir = io::detail::commit_save(job, false);
   std::printf("sharded %zu tensors (%llu bytes, %s) into '%s' (one rank: %s)\n", w.size(),
-              static_cast<unsigned long long>(job.bytes.size()), human(job.bytes.size()).c_str(),
+              static_cast<unsigned long long>(job.file_bytes), human(job.file_bytes).c_str(),
               dir.string().c_str(), io::detail::file_of_rank(0).c_str());
   auto const saved_step = job.index.value("step", std::int64_t{0});
   if (saved_step != step)
