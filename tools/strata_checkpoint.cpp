@@ -469,8 +469,7 @@ int shard(fs::path const& file, fs::path const& root, std::int64_t step) {
     job.file_bytes += part.size();
     job.file_crc = io::crc32c_combine(job.file_crc, io::crc32c(part), part.size());
   }
-  job.all = {1, static_cast<std::int64_t>(job.file_bytes),
-             static_cast<std::int64_t>(job.file_crc)};
+  job.all = {1, static_cast<std::int64_t>(job.file_bytes), static_cast<std::int64_t>(job.file_crc)};
   job.index = std::move(index);
   job.loader = std::move(loader);
   io::store(root).begin(step);

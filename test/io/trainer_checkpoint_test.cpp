@@ -134,7 +134,7 @@ outcome run(layout const& L, std::size_t steps, fs::path const* load_from = null
     if (!optimizer)
       optimizer = st::engine::use<st::optim::adamw<float>>({.eps = 1e-6, .weight_decay = 0.1});
     st::trainer<st::models::gpt_model<float>, st::runtime_plan<P>> t(mesh, model, optimizer, o,
-                                                                      plan);
+                                                                     plan);
     auto gather = [&](weights& into) {
       t.for_each_value_piece([&](auto const& p, std::size_t first, auto values) {
         std::lock_guard lock(mu);
@@ -217,7 +217,8 @@ void check_round_trip(layout const& L, std::size_t k, std::size_t m, bool skips 
   CHECK(ls->batches == k);
   CHECK(ls->sampler.consumed == 8 * k);
   // A fresh trainer from the checkpoint: steps k + 1 .. k + m.
-  auto const second = run<P>(L, m, &dir, nullptr, 0, nullptr, scaler, fault::none, false, optimizer);
+  auto const second =
+      run<P>(L, m, &dir, nullptr, 0, nullptr, scaler, fault::none, false, optimizer);
   CHECK(second.losses ==
         std::vector<double>(whole.losses.begin() + static_cast<long>(k), whole.losses.end()));
   CHECK(second.w == whole.w);

@@ -429,9 +429,9 @@ private:
 
 /// A safetensors file's tensors (in header order) and metadata, checked on construction. The
 /// views point into the bytes given as a span (which must outlive the reader), into its own copy
-/// of a vector given by move, or into the reader's own mapping of the file (which must not shrink while mapped: see data::mapped_file). Throws
-/// config_error for a malformed file, each kind with its own message that names the file, the
-/// tensor and what to do.
+/// of a vector given by move, or into the reader's own mapping of the file (which must not shrink
+/// while mapped: see data::mapped_file). Throws config_error for a malformed file, each kind with
+/// its own message that names the file, the tensor and what to do.
 class reader {
 public:
   /// Reads the file in `bytes`; `label` names it in messages (a path, "download", ...).
@@ -712,7 +712,7 @@ private:
            fix);
   }
 
-  std::shared_ptr<data::mapped_file const> file_; // null when reading given bytes
+  std::shared_ptr<data::mapped_file const> file_;       // null when reading given bytes
   std::shared_ptr<std::vector<std::byte> const> owned_; // the bytes of a reader given a vector
   std::string label_;
   std::vector<tensor_view> tensors_;

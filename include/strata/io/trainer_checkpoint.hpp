@@ -296,8 +296,8 @@ save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path cons
       } else {
         wb = std::as_bytes(std::span<M const>(weights + pc.state_at, pc.count));
       }
-      parts.push_back({piece_key("weights/" + p.name(), pc.first), safetensors::dtype_of<M>,
-                       pc.count, wb, 0});
+      parts.push_back(
+          {piece_key("weights/" + p.name(), pc.first), safetensors::dtype_of<M>, pc.count, wb, 0});
       for (auto const& [name, a] : opt.arrays)
         parts.push_back({piece_key("optim/" + name + "/" + p.name(), pc.first),
                          safetensors::dtype_of<M>, pc.count,
@@ -874,8 +874,7 @@ private:
       staged += p.size();
     ledger->record_allocate(memory_kind::checkpoint_staging, staged);
     bool const idle = options_.idle_priority;
-    pending_ = std::async(std::launch::async, [job, ledger, staged, idle,
-                                               keep = staging_] {
+    pending_ = std::async(std::launch::async, [job, ledger, staged, idle, keep = staging_] {
       struct release {
         memory_ledger* l;
         std::size_t n;
