@@ -81,11 +81,28 @@ versions() {
     2>/dev/null || echo "torch: not importable (the GEMM comparison is left out)"
 }
 
+# NCCL where the toolkit has none: the nvidia-nccl wheel beside python3's torch (its header and
+# libnccl.so.2), given to CMake as NCCL_INCLUDE_DIR and NCCL_LIBRARY. Prints the two -D options.
+nccl_from_wheel() {
+  [ -f /usr/local/cuda/include/nccl.h ] || [ -f /usr/include/nccl.h ] && return
+  local top lib inc
+  top=$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])' 2>/dev/null) || return
+  lib=$(find "$top" -name libnccl.so.2 2>/dev/null | head -1)
+  inc=$(find "$top" -name nccl.h 2>/dev/null | head -1)
+  [ -n "$lib" ] && [ -n "$inc" ] &&
+    echo "-DNCCL_INCLUDE_DIR=$(dirname "$inc") -DNCCL_LIBRARY=$lib"
+}
+
 configure_and_build() {
   rm -rf "$build"
+  local nccl
+  nccl=$(nccl_from_wheel)
+  [ -n "$nccl" ] && echo "gpu_check: NCCL from the wheel: $nccl"
+  # shellcheck disable=SC2086  # nccl holds two options or none
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" -DSTRATA_BUILD_TESTS=OFF \
-    -DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_BUILD_EXAMPLES=OFF -DSTRATA_BUILD_GPU_CHECKS=ON &&
+    -DSTRATA_BUILD_BENCHMARKS=OFF -DSTRATA_BUILD_EXAMPLES=OFF -DSTRATA_BUILD_GPU_CHECKS=ON \
+    $nccl &&
     cmake --build "$build" -j "${GPU_CHECK_JOBS:-$(nproc)}"
 }
 
@@ -152,9 +169,9 @@ memcheck() {
 }
 
 export root out build
-export -f versions configure_and_build tests trainer torch_step gemm_bench memcheck
+export -f versions nccl_from_wheel configure_and_build tests trainer torch_step gemm_bench memcheck
 run_part versions 60 versions
-run_part build 200 configure_and_build
+run_part build 300 configure_and_build
 run_part tests 120 tests
 run_part trainer 150 trainer
 run_part kernels_bench 90 "$build/bench/gpu/strata_kernels_bench"

@@ -114,10 +114,16 @@ inline void check_nccl_nonblocking(ncclResult_t rc, ncclComm_t comm,
 
 /// Checks a call on non-blocking communicator `nccl_comm` and polls it to completion
 /// (ncclInProgress is legal) until `deadline` (a steady_clock time point); `timeout` is the
-/// duration named in the comm_timeout.
+/// duration named in the comm_timeout. A statement: the call runs before `nccl_comm` is read,
+/// since the call may be what sets it (ncclCommInitRankConfig(&comm, ...)); as two arguments
+/// of one function call their order would be unspecified (g++ read the still-null handle
+/// first, and ncclCommGetAsyncError refused it: seen on an H200, 2026-12-04).
 #define STRATA_NCCL_CHECK_NONBLOCKING(nccl_comm, deadline, timeout, call)                          \
-  ::strata::comm::detail::check_nccl_nonblocking((call), (nccl_comm), (deadline), (timeout),       \
-                                                 #call, __FILE__, __LINE__)
+  do {                                                                                             \
+    ncclResult_t const strata_nccl_rc_ = (call);                                                   \
+    ::strata::comm::detail::check_nccl_nonblocking(strata_nccl_rc_, (nccl_comm), (deadline),       \
+                                                   (timeout), #call, __FILE__, __LINE__);          \
+  } while (false)
 
 /// Checks a call inside ncclGroupStart/ncclGroupEnd on a non-blocking communicator.
 #define STRATA_NCCL_CHECK_GROUPED(call)                                                            \
