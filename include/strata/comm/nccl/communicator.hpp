@@ -422,10 +422,9 @@ public:
                        ": this rank's NCCL communicators were aborted");
     auto const deadline = st.deadline();
     try {
-      STRATA_NCCL_CHECK_NONBLOCKING(comm_, deadline, st.options.timeout,
-                                    ncclCommSplit(comm_, color, key, &out, &config));
-      if (out != nullptr)
-        comm::detail::wait_nccl_ready(out, deadline, st.options.timeout, "ncclCommSplit");
+      STRATA_NCCL_CHECK_GROUPED(ncclCommSplit(comm_, color, key, &out, &config));
+      out =
+          comm::detail::wait_nccl_handle(out, comm_, deadline, st.options.timeout, "ncclCommSplit");
       int r = -1, n = -1;
       STRATA_NCCL_CHECK(ncclCommUserRank(out, &r));
       STRATA_NCCL_CHECK(ncclCommCount(out, &n));

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -89,6 +90,39 @@ inline void wait_nccl_ready(ncclComm_t comm, std::chrono::steady_clock::time_poi
       throw comm_timeout(std::string("strata: ") + what + " did not finish within " + secs +
                          " s (NCCL still reported ncclInProgress): a rank may not have made the "
                          "same call; STRATA_COMM_TIMEOUT sets the timeout in seconds");
+    }
+    std::this_thread::yield();
+  }
+}
+
+/// A non-blocking ncclCommSplit may return before NCCL writes the new handle: its set-up runs
+/// as a job of the parent communicator, which stores `*slot` when it ends (NCCL 2.28 on an H200,
+/// 2026-12-04: ncclInProgress, then the parent ready, with the handle still null). Polls until
+/// the handle is there, the parent reports an error (nccl_error) or the deadline passes
+/// (comm_timeout naming `what` and `timeout`); then the new communicator to readiness.
+inline ncclComm_t wait_nccl_handle(ncclComm_t& slot, ncclComm_t parent,
+                                   std::chrono::steady_clock::time_point deadline,
+                                   std::chrono::duration<double> timeout, char const* what) {
+  std::atomic_ref<ncclComm_t> const handle(slot);
+  for (;;) {
+    if (ncclComm_t const c = handle.load(std::memory_order_acquire); c != nullptr) {
+      wait_nccl_ready(c, deadline, timeout, what);
+      return c;
+    }
+    ncclResult_t state = ncclInProgress;
+    ncclResult_t const rc = ncclCommGetAsyncError(parent, &state);
+    if (rc != ncclSuccess)
+      throw_nccl(rc, "ncclCommGetAsyncError", __FILE__, __LINE__);
+    if (state != ncclSuccess && state != ncclInProgress)
+      throw nccl_error(std::string("strata: ") + what + " failed: " + ncclGetErrorString(state) +
+                       " (the parent communicator's state; NCCL_DEBUG=INFO shows NCCL's own "
+                       "account)");
+    if (std::chrono::steady_clock::now() > deadline) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", timeout.count());
+      throw comm_timeout(std::string("strata: ") + what + " gave no communicator within " + secs +
+                         " s: a rank may not have made the same call; "
+                         "STRATA_COMM_TIMEOUT sets the timeout in seconds");
     }
     std::this_thread::yield();
   }
