@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317  # the parts are functions run_part calls through bash -c
 # Builds and runs every GPU check and benchmark on a machine with a CUDA device (an H200 in
-# ~6 minutes): the card, driver, CUDA and NCCL versions; a fresh GPU-check build
+# about 3 minutes, 2026-12-04: docs/gpu/h200.md): the card, driver, CUDA and NCCL versions; a fresh GPU-check build
 # (STRATA_BUILD_GPU_CHECKS=ON: the CUDA toolkit and NCCL only); every test of that build (the GPU
 # tests, the rule test) but the trainer's; the cuda trainer against the host trainer in f64 and
 # the emulated device, then data parallel and ZeRO-1 over two thread ranks on the GPU against one
