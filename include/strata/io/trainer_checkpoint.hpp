@@ -18,6 +18,7 @@
 
 #include <strata/comm/communicator.hpp>
 #include <strata/comm/mesh.hpp>
+#include <strata/core/device_context.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
 #include <strata/data/loader.hpp>
@@ -138,6 +139,27 @@ auto* precision_of(Trainer& t) {
     if (auto* q = dynamic_cast<P*>(p.get()))
       found = q;
   return found;
+}
+
+/// What a save and a load read beside the flat layout and the optimizer: the owned elements'
+/// master weights (16-bit; in state order) and the loss scaler (fp16, else null). The host
+/// trainer's are its precision pass's; another kind of trainer (a device trainer's host copy,
+/// io/device_checkpoint.hpp) gives checkpoint_master() and checkpoint_scaler().
+template <class Trainer>
+auto* master_of(Trainer& t) {
+  if constexpr (requires { t.checkpoint_master(); })
+    return t.checkpoint_master();
+  else
+    return precision_of(t)->master().data();
+}
+template <class Trainer>
+optim::dynamic_loss_scaler* scaler_of(Trainer& t) {
+  if constexpr (requires { t.checkpoint_scaler(); }) {
+    return t.checkpoint_scaler();
+  } else {
+    auto* p = precision_of(t);
+    return p != nullptr ? p->loss_scaler() : nullptr;
+  }
 }
 
 inline std::string shape_json(std::span<std::size_t const> s) {
@@ -278,13 +300,12 @@ save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path cons
   // Replicas of the same pieces: only the first writes. Sharded ranks each own other slices.
   bool const sharded = owned_elements < held_elements;
   job.writes = w.coords.dp == 0 || sharded;
-  auto* prec = precision_of(t);
   optimizer_view<M> const opt = view_optimizer(t.optimizer(), job.held);
   if (job.writes) {
     std::vector<save_part> parts;
     M const* weights = nullptr;
     if constexpr (!std::is_same_v<T, M>)
-      weights = prec->master().data();
+      weights = master_of(t);
     for (auto const& pc : owned) {
       auto const& p = *fl.params[pc.param].p;
       if (!p.sharded() && w.coords.tp != 0)
@@ -360,7 +381,7 @@ save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path cons
                  {"values_dtype", std::string(safetensors::name_of(safetensors::dtype_of<T>))},
                  {"layout",
                   {{"world", w.size}, {"dp", w.shape.dp}, {"tp", w.shape.tp}, {"pp", w.shape.pp}}}};
-    if (auto const* sc = t.loss_scaler()) {
+    if (auto const* sc = scaler_of(t)) {
       auto const st = sc->state();
       job.index["loss_scaler"] = {{"scale", st.scale},
                                   {"good_steps", st.good_steps},
@@ -665,7 +686,6 @@ std::int64_t load(Trainer& t, world_ops const& w, checkpoint_dir const& c) {
   }
   // The owned pieces' master weights and optimizer state.
   auto const owned = owned_pieces(t);
-  auto* prec = precision_of(t);
   auto& o = t.optimizer();
   bool const in_place = o.in_place();
   // In place: the arrays filled where they are, the scalars restored; else through a save()
@@ -709,14 +729,14 @@ std::int64_t load(Trainer& t, world_ops const& w, checkpoint_dir const& c) {
   else
     o.load(next);
   if constexpr (!std::is_same_v<T, M>) {
-    auto& master = prec->master();
+    M* const master = master_of(t);
     for (auto const& pc : owned) {
       auto const& p = *fl.params[pc.param].p;
       in.template fill<M>("weights/" + p.name(), p.full_shape(), pc.first, pc.count,
-                          master.data() + pc.state_at);
+                          master + pc.state_at);
     }
     // (A checkpoint saved without fp16 leaves an fp16 trainer's scaler as it was built.)
-    if (auto* sc = prec->loss_scaler(); sc != nullptr && in.index().contains("loss_scaler")) {
+    if (auto* sc = scaler_of(t); sc != nullptr && in.index().contains("loss_scaler")) {
       auto const& j = in.index().at("loss_scaler");
       sc->load({j.at("scale").get<double>(), j.at("good_steps").get<std::int64_t>(),
                 j.at("hysteresis_left").get<std::int64_t>(), j.at("steps").get<std::int64_t>(),
@@ -799,6 +819,218 @@ std::optional<std::int64_t> load_latest(trainer<Model, Plan>& t, comm::mesh<C>& 
   return detail::load(t, detail::world_of(mesh), *c);
 }
 
+// ---- the device trainer (train/device_trainer.hpp; io/device_checkpoint.hpp includes both) ---
+//
+// The rank's state is copied to the host (device_trainer::download, one wait for the device),
+// viewed as a host trainer's (its flat layout with the owned ranges pointing into the copy, its
+// optimizer arrays in place, its step scalars as a loss scaler), and saved or filled by the
+// host trainer's code above; a load then copies the filled state back (upload). The replicas of
+// a data-parallel device trainer are the world: its own communicator gathers what the save and
+// the load agree on (device_trainer::gather_three), so no host communicator is needed. The
+// files are the host trainer's: a checkpoint saved on a device loads on the host under any
+// layout, and the other way round.
+namespace detail {
+
+/// The optimizer of a device trainer's host copy: its arrays in place, its one scalar the
+/// applied steps ("step", as optim::adamw and optim::sgd save it).
+template <class M>
+class device_optimizer_view final : public engine::optimizer_slot<M> {
+public:
+  device_optimizer_view(std::vector<std::string_view> names, std::vector<M>& moments, std::size_t n,
+                        std::int64_t* applied)
+      : names_(std::move(names)), moments_(&moments), n_(n), applied_(applied) {}
+
+  void step(std::span<M>, std::span<M const>, optim::step_context const&, std::size_t) override {
+    throw error("strata: a device trainer's checkpoint view does not step");
+  }
+  std::size_t size() const override { return n_; }
+  std::int64_t step_count() const override { return *applied_; }
+  optim::state_dict save() const override {
+    throw error("strata: a device trainer's checkpoint view saves its state in place");
+  }
+  void load(optim::state_dict const&) override {
+    throw error("strata: a device trainer's checkpoint view loads its state in place");
+  }
+  std::size_t state_bytes() const override { return moments_->size() * sizeof(M); }
+  bool in_place() const override { return true; }
+  std::vector<optim::state_array<M>> arrays() override {
+    std::vector<optim::state_array<M>> v;
+    for (std::size_t i = 0; i < names_.size(); ++i)
+      v.push_back({names_[i], std::span<M>(moments_->data() + i * n_, n_)});
+    return v;
+  }
+  optim::state_dict scalars() const override {
+    optim::state_dict s;
+    s.put_scalar("step", *applied_);
+    return s;
+  }
+  void load_scalars(optim::state_dict const& s) override {
+    *applied_ = s.get_scalar<std::int64_t>("step");
+  }
+
+private:
+  std::vector<std::string_view> names_;
+  std::vector<M>* moments_;
+  std::size_t n_;
+  std::int64_t* applied_;
+};
+
+/// A device trainer's state on the host, with what detail::prepare_save and detail::load read
+/// of a host trainer: the flat layout (state().flat(): the owned ranges and the value pieces
+/// pointing into the copy), the step counts (state().values()), the optimizer, the master
+/// weights and the loss scaler. commit() copies a loaded state back to the device.
+template <class Trainer>
+class device_state_view {
+public:
+  using value_type = typename Trainer::value_type;
+  using master_type = typename Trainer::master_type;
+  using T = value_type;
+  using M = master_type;
+
+  struct step_counts {
+    std::int64_t step = 0, applied_steps = 0;
+  };
+  struct state_type {
+    engine::flat_layout<T, host> flat_;
+    step_counts counts;
+    engine::flat_layout<T, host>& flat() noexcept { return flat_; }
+    step_counts& values() noexcept { return counts; }
+  };
+
+  explicit device_state_view(Trainer& t)
+      : t_(t), optimizer_(t.optimizer_arrays(), h_.moments, t.state_elements(), &applied_) {
+    t.download(h_);
+    auto const& src = t.layout();
+    auto& f = state_.flat_;
+    f.params = src.params;
+    f.flat_size = src.flat_size;
+    f.tail_begin = src.tail_begin;
+    T const* const base = t.device_values();
+    for (auto r : src.owned) { // the same ranges, their values in the copy
+      r.values = h_.values.data() + (r.values - base);
+      r.grads = nullptr;
+      r.wide = nullptr;
+      f.owned.push_back(r);
+    }
+    if (t.value_elements() == src.flat_size) { // every parameter whole
+      for (std::size_t i = 0; i < f.params.size(); ++i)
+        f.value_pieces.push_back({static_cast<std::uint32_t>(i), 0, f.params[i].p->size(),
+                                  h_.values.data() + f.params[i].offset});
+    } else { // ZeRO-3: the owned slices
+      for (auto const& r : f.owned)
+        f.for_each_piece(
+            r.flat, r.count,
+            [&](std::uint32_t param, std::size_t first, std::size_t n, std::size_t at) {
+              f.value_pieces.push_back({param, first, n, r.values + at});
+            });
+    }
+    state_.counts = {t.steps(), t.applied_steps()};
+    applied_ = t.applied_steps();
+    if constexpr (Trainer::scaled) {
+      auto const& sc = h_.scalars;
+      scaler_.emplace(t.options().loss_scaler);
+      scaler_->load({sc.scale, sc.good_steps, sc.hysteresis_left, t.steps(), sc.skipped_steps,
+                     sc.consecutive_overflows});
+    }
+  }
+
+  // what the host trainer's save and load read
+  std::int64_t steps() const noexcept { return state_.counts.step; }
+  state_type& state() noexcept { return state_; }
+  engine::optimizer_slot<M>& optimizer() noexcept { return optimizer_; }
+  M* checkpoint_master() noexcept { return h_.master.data(); }
+  optim::dynamic_loss_scaler* checkpoint_scaler() noexcept { return scaler_ ? &*scaler_ : nullptr; }
+  memory_ledger& ledger() noexcept { return t_.ledger(); }
+  /// The bytes of the host copy (an asynchronous save's staging).
+  std::size_t host_bytes() const noexcept {
+    return h_.values.size() * sizeof(T) + (h_.master.size() + h_.moments.size()) * sizeof(M);
+  }
+
+  /// The loaded state copied back to the device: values, master weights, moments, the loss
+  /// scaler's state and the step counts (the optimizer's applied steps, the checkpoint's step).
+  void commit() {
+    if (scaler_) {
+      auto const st = scaler_->state();
+      auto& sc = h_.scalars;
+      sc.scale = st.scale;
+      sc.good_steps = st.good_steps;
+      sc.hysteresis_left = st.hysteresis_left;
+      sc.skipped_steps = st.skipped_steps;
+      sc.consecutive_overflows = st.consecutive_overflows;
+    }
+    // The optimizer view's count (its "step" scalar) and the index's applied_steps are the
+    // same number in every strata checkpoint; the index's is the trainer's.
+    t_.upload(h_, state_.counts.step, state_.counts.applied_steps);
+  }
+
+private:
+  Trainer& t_;
+  typename Trainer::host_state h_;
+  std::int64_t applied_ = 0;
+  device_optimizer_view<M> optimizer_;
+  state_type state_;
+  std::optional<optim::dynamic_loss_scaler> scaler_;
+};
+
+/// The replicas of a device trainer as the world a save or a load is collective over (its
+/// own data-parallel communicator; one rank alone).
+template <class Trainer>
+world_ops device_world(Trainer& t) {
+  world_ops w;
+  w.rank = t.data_rank();
+  w.size = t.data_size();
+  w.coords.dp = w.rank;
+  w.shape = comm::mesh_shape{.dp = w.size};
+  w.barrier = [&t] { (void)t.gather_three(0, 0, 0); };
+  w.gather3 = [&t](std::int64_t a, std::int64_t b, std::int64_t c) {
+    return t.gather_three(a, b, c);
+  };
+  return w;
+}
+
+} // namespace detail
+
+/// Saves a device trainer's state as a checkpoint of its current step under `root`; every
+/// replica of a data-parallel trainer calls it (its communicator is the world). The files are
+/// the host trainer's: they load on the host or on a device, under any layout.
+template <class Model, class Plan, class Device>
+requires context_device<Device> std::filesystem::path save(trainer<Model, Plan, Device>& t,
+                                                           std::filesystem::path const& root,
+                                                           save_options const& o = {}) {
+  detail::device_state_view v(t);
+  return detail::save(v, detail::device_world(t), root, o);
+}
+
+/// Loads the checkpoint in directory `dir` into a device trainer, whatever the layout,
+/// precision and trainer (host or device) it was saved under; every replica calls it. Returns
+/// its step.
+template <class Model, class Plan, class Device>
+requires context_device<Device> std::int64_t load(trainer<Model, Plan, Device>& t,
+                                                  std::filesystem::path const& dir) {
+  std::string why;
+  auto c = read_manifest(dir, &why);
+  if (!c)
+    throw config_error("strata: '" + dir.string() + "' is not a complete checkpoint: " + why);
+  detail::device_state_view v(t);
+  std::int64_t const step = detail::load(v, detail::device_world(t), *c);
+  v.commit();
+  return step;
+}
+
+/// Loads the newest complete checkpoint under root into a device trainer; nothing (the trainer
+/// untouched) when there is none.
+template <class Model, class Plan, class Device>
+requires context_device<Device> std::optional<std::int64_t>
+load_latest(trainer<Model, Plan, Device>& t, std::filesystem::path const& root) {
+  auto c = store(root).find_latest();
+  if (!c)
+    return std::nullopt;
+  detail::device_state_view v(t);
+  std::int64_t const step = detail::load(v, detail::device_world(t), *c);
+  v.commit();
+  return step;
+}
+
 /// How an async_saver's thread runs.
 struct async_options {
   /// Write at the lowest priority (nice 19 for the saver's thread alone, on Linux): a core
@@ -841,6 +1073,20 @@ public:
     start(t, detail::world_of(mesh), root, o);
   }
 
+  /// A device trainer (every replica calls it): its state is copied to the host first (a wait
+  /// for the device, on the training thread; that copy is the save's staging, made afresh
+  /// each save), then written in the background as for the host trainer.
+  template <class Model, class Plan, class Device>
+  requires context_device<Device>
+  void save(trainer<Model, Plan, Device>& t, std::filesystem::path const& root,
+            save_options const& o = {}) {
+    wait();
+    auto view = std::make_shared<detail::device_state_view<trainer<Model, Plan, Device>>>(t);
+    auto job = std::make_shared<detail::save_job>(
+        detail::prepare_save(*view, detail::device_world(t), root, o));
+    launch(std::move(job), &t.ledger(), view->host_bytes(), view);
+  }
+
   /// Waits for the save in flight (if any); returns its directory on rank 0 (empty elsewhere),
   /// or rethrows its error.
   std::filesystem::path wait() {
@@ -868,13 +1114,19 @@ private:
     wait();
     auto job =
         std::make_shared<detail::save_job>(detail::prepare_save(t, w, root, o, staging_.get()));
-    memory_ledger* ledger = &t.ledger();
     std::size_t staged = 0;
     for (auto const& p : job->parts)
       staged += p.size();
+    launch(std::move(job), &t.ledger(), staged, staging_);
+  }
+
+  // The job written and committed on a thread of its own; `keep` holds what its parts point
+  // into; `staged` bytes counted as checkpoint_staging while it runs.
+  void launch(std::shared_ptr<detail::save_job> job, memory_ledger* ledger, std::size_t staged,
+              std::shared_ptr<void const> keep) {
     ledger->record_allocate(memory_kind::checkpoint_staging, staged);
     bool const idle = options_.idle_priority;
-    pending_ = std::async(std::launch::async, [job, ledger, staged, idle, keep = staging_] {
+    pending_ = std::async(std::launch::async, [job, ledger, staged, idle, keep] {
       struct release {
         memory_ledger* l;
         std::size_t n;

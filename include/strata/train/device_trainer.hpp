@@ -50,6 +50,7 @@
 #include <ranges>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -517,6 +518,106 @@ public:
   /// The data-parallel communicator's counters (none alone).
   comm::comm_counters const* communication_counters() const noexcept {
     return dp_ ? &dp_->counters() : nullptr;
+  }
+
+  // ---- checkpoints (io/device_checkpoint.hpp; not a step path: each call waits for the
+  // device) ---------------------------------------------------------------------------------
+
+  /// This rank's state on the host, as a checkpoint writes and reads it.
+  struct host_state {
+    std::vector<T> values;  ///< value_elements(): the flat buffer, or ZeRO-3's slices
+    std::vector<M> master;  ///< 16-bit: the owned elements' master weights, in state order
+    std::vector<M> moments; ///< optimizer_arrays() arrays of state_elements() each, in turn
+    optim::kernels::step_scalars scalars{};
+  };
+  /// The flat layout: the parameters, this rank's owned ranges (device pointers into
+  /// device_values()) and where each starts in the optimizer's state.
+  engine::flat_layout<T, host> const& layout() const noexcept { return flat_; }
+  T const* device_values() const noexcept { return values_; }
+  /// The values this rank holds: every parameter, or under ZeRO-3 its slices.
+  std::size_t value_elements() const noexcept {
+    if constexpr (zero3)
+      return flat_.flat_size / static_cast<std::size_t>(dp_->size());
+    else
+      return flat_.flat_size;
+  }
+  /// The elements this rank updates (the optimizer state's and master weights' length).
+  std::size_t state_elements() const noexcept { return state_elements_; }
+  /// The optimizer's per-element arrays, by their names in the host optimizer's state.
+  std::vector<std::string_view> optimizer_arrays() const {
+    if (spec_.what == engine::device_optimizer::kind::adamw)
+      return {"exp_avg", "exp_avg_sq"};
+    if (state_ != nullptr)
+      return {"momentum_buffer"};
+    return {};
+  }
+  /// Steps whose update was applied (fp16's skipped steps are not): the optimizer's count.
+  std::int64_t applied_steps() const noexcept { return applied_; }
+  trainer_options const& options() const noexcept { return options_; }
+
+  /// Copies this rank's values, master weights, optimizer state and step scalars to `h`.
+  void download(host_state& h) {
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    std::size_t const n = state_elements_, arrays = optimizer_arrays().size();
+    h.values.resize(value_elements());
+    c.copy_async(s, h.values.data(), values_, h.values.size() * sizeof(T));
+    h.master.resize(sixteen_bit ? n : 0);
+    if (sixteen_bit)
+      c.copy_async(s, h.master.data(), master_, n * sizeof(M));
+    h.moments.resize(arrays * n);
+    if (arrays != 0)
+      c.copy_async(s, h.moments.data(), state_, arrays * n * sizeof(M));
+    auto* pinned = reinterpret_cast<optim::kernels::step_scalars*>(c.pinned() + staging_.scalars);
+    c.copy_async(s, pinned, scalars_, sizeof(optim::kernels::step_scalars));
+    c.synchronize(s, "a checkpoint's copy of the state");
+    std::memcpy(static_cast<void*>(&h.scalars), pinned, sizeof h.scalars);
+  }
+  /// Replaces this rank's values, master weights, optimizer state and step scalars with `h`'s
+  /// (sized as download() sizes them) and the step counts with `step` and `applied`.
+  void upload(host_state const& h, std::int64_t step, std::int64_t applied) {
+    std::size_t const n = state_elements_, arrays = optimizer_arrays().size();
+    if (h.values.size() != value_elements() || h.master.size() != (sixteen_bit ? n : 0) ||
+        h.moments.size() != arrays * n)
+      throw config_error(
+          "strata: device trainer upload: the state holds " + std::to_string(h.values.size()) +
+          " values, " + std::to_string(h.master.size()) + " master weights and " +
+          std::to_string(h.moments.size()) + " moments; this rank holds " +
+          std::to_string(value_elements()) + ", " + std::to_string(sixteen_bit ? n : 0) + " and " +
+          std::to_string(arrays * n) + " (size it with download())");
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    c.copy_async(s, values_, h.values.data(), h.values.size() * sizeof(T));
+    if (sixteen_bit)
+      c.copy_async(s, master_, h.master.data(), n * sizeof(M));
+    if (arrays != 0)
+      c.copy_async(s, state_, h.moments.data(), arrays * n * sizeof(M));
+    auto* pinned = reinterpret_cast<optim::kernels::step_scalars*>(c.pinned() + staging_.scalars);
+    std::memcpy(static_cast<void*>(pinned), &h.scalars, sizeof h.scalars);
+    c.copy_async(s, scalars_, pinned, sizeof h.scalars);
+    c.synchronize(s, "a checkpoint's state loaded");
+    if constexpr (zero3)
+      for (auto& slot : held_) // the gathered slots hold the old values
+        slot = {};
+    step_ = step;
+    applied_ = applied;
+  }
+  /// A collective of the replicas outside the step: three numbers from each, every replica's
+  /// in rank order on every replica (one alone: its own). Waits for the device.
+  std::vector<std::int64_t> gather_three(std::int64_t a, std::int64_t b, std::int64_t c3) {
+    if (!dp_)
+      return {a, b, c3};
+    auto& c = *ctx_;
+    auto const s = c.compute_stream();
+    std::size_t const n = static_cast<std::size_t>(dp_->size());
+    std::int64_t const mine[3] = {a, b, c3};
+    c.copy_async(s, checks_, mine, sizeof mine);
+    dp_->gather_checks(std::span<std::int64_t const>(checks_, 3),
+                       std::span<std::int64_t>(checks_ + 3, 3 * n));
+    std::vector<std::int64_t> all(3 * n);
+    c.copy_async(s, all.data(), checks_ + 3, all.size() * sizeof(std::int64_t));
+    c.synchronize(s, "a gather of the replicas' numbers");
+    return all;
   }
 
 private:
