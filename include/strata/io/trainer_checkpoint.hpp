@@ -21,13 +21,24 @@
 #include <strata/core/device_context.hpp>
 #include <strata/core/element.hpp>
 #include <strata/core/error.hpp>
+#include <strata/core/memory.hpp>
 #include <strata/data/loader.hpp>
+#include <strata/engine/flat_layout.hpp>
+#include <strata/engine/optimizer.hpp>
 #include <strata/io/crc32c.hpp>
 #include <strata/io/reshard.hpp>
 #include <strata/io/safetensors.hpp>
 #include <strata/io/store.hpp>
+#include <strata/optim/loss_scaler.hpp>
+#include <strata/optim/state.hpp>
 #include <strata/policy/precision_pass.hpp>
+#if defined(__CUDACC__)
+// nvcc compiles the device trainer, not the host trainer (its front end refuses trainer.hpp):
+// a .cu file saving a device trainer sees the host trainer's declaration only.
+#include <strata/train/trainer_fwd.hpp>
+#else
 #include <strata/train/trainer.hpp>
+#endif
 
 #include <nlohmann/json.hpp>
 
@@ -929,8 +940,14 @@ public:
     if constexpr (Trainer::scaled) {
       auto const& sc = h_.scalars;
       scaler_.emplace(t.options().loss_scaler);
-      scaler_->load({sc.scale, sc.good_steps, sc.hysteresis_left, t.steps(), sc.skipped_steps,
-                     sc.consecutive_overflows});
+      optim::loss_scaler_state st;
+      st.scale = sc.scale;
+      st.good_steps = sc.good_steps;
+      st.hysteresis_left = sc.hysteresis_left;
+      st.steps = t.steps();
+      st.skipped_steps = sc.skipped_steps;
+      st.consecutive_overflows = sc.consecutive_overflows;
+      scaler_->load(st);
     }
   }
 
