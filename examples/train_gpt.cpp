@@ -10,6 +10,7 @@
 //                    [--batch B] [--seq T] [--layers L] [--features D] [--heads H] [--lr LR]
 //                    [--seed S] [--eval-every N] [--csv FILE] [--svg FILE]
 //                    [--expect-margin NATS] [--generate N] [--temperature T] [--prompt TEXT]
+//                    [--profile DIR] [--timers N]
 //
 // --data takes a text file (character-level ids) or a token file: flat little-endian u16 or
 // u32 ids, mapped and read on demand. It is a token file when --data-dtype gives its width,
@@ -32,6 +33,13 @@
 // --expect-margin m it exits 1 unless the final validation loss is below the entropy minus m
 // nats.
 //
+// Every --timers N steps (default 50; 0: never) it prints the timers block: forward, backward,
+// optimizer, communication waits, pipeline bubble and the step, each the (min, max) over the
+// ranks of its mean over the interval (profile::timers: one all_gather an interval). With
+// --profile DIR (a build with nlohmann_json) it records steps 6 to 8 with the profiler (a
+// warm-up step first), writes each rank's Chrome trace into DIR, merges them into
+// DIR/trace.json and prints where to open it (docs/profiling.md).
+//
 // With --generate N, after training it continues --prompt (default: the first 32 tokens of the
 // validation text) by N tokens, one trainer.predict a token on the last --seq tokens: the
 // argmax (greedy) by default, or with --temperature T > 0 a sample from softmax(logits / T)
@@ -47,9 +55,14 @@
 #include <strata/models/gpt.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/schedule.hpp>
+#include <strata/profile/profiler.hpp>
+#include <strata/profile/timers.hpp>
 #include <strata/train/trainer.hpp>
 #if STRATA_DEMO_MPI
 #include <strata/comm/mpi.hpp>
+#endif
+#if STRATA_DEMO_PROFILE
+#include <strata/profile/chrome_trace.hpp>
 #endif
 
 #include <algorithm>
@@ -62,6 +75,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -86,6 +100,8 @@ struct options {
   double temperature = 0;   // 0: greedy
   std::string prompt;       // empty: the start of the validation text
   bool tie = false;         // the head reads the token table (GPT-2's tied embeddings)
+  std::string profile;      // a directory for the Chrome traces; empty: no profiler
+  std::size_t timers = 50;  // the timers block every N steps (0: never)
 };
 
 [[noreturn]] void usage(std::string const& why) {
@@ -98,7 +114,8 @@ struct options {
                "[--steps N] [--batch B] [--seq T] "
                "[--layers L] [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N] "
                "[--csv FILE] [--svg FILE] [--expect-margin NATS] [--generate N] "
-               "[--temperature T] [--prompt TEXT] [--tie-embeddings 0|1]\n",
+               "[--temperature T] [--prompt TEXT] [--tie-embeddings 0|1] [--profile DIR] "
+               "[--timers N]\n",
                why.c_str());
   std::exit(2);
 }
@@ -181,6 +198,14 @@ options parse(int argc, char** argv) {
       o.tie = one_of({"0", "1"}) == "1";
     else if (a == "--prompt")
       o.prompt = v;
+    else if (a == "--profile") {
+#if STRATA_DEMO_PROFILE
+      o.profile = v;
+#else
+      usage("--profile needs a build with nlohmann_json (the trace's JSON)");
+#endif
+    } else if (a == "--timers")
+      number(o.timers);
     else if (a == "--csv")
       o.csv = v;
     else if (a == "--svg")
@@ -488,8 +513,31 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
 
   std::vector<step_row> rows;
   double compute_s = 0, comm_s = 0;
+  st::profile::timers timers;
+#if STRATA_DEMO_PROFILE
+  std::filesystem::path const trace_dir = o.profile;
+  std::filesystem::path const rank_trace =
+      trace_dir / ("rank" + std::to_string(world.rank()) + ".json");
+  if (!o.profile.empty() && lead)
+    std::filesystem::create_directories(trace_dir);
+  std::optional<st::profile::profiler> profiler;
+  if (!o.profile.empty())
+    profiler.emplace(
+        st::profile::schedule{.skip_first = 4, .wait = 0, .warmup = 1, .active = 3, .repeat = 1},
+        [&](st::profile::profiler& p) { st::profile::write_chrome_trace(p, rank_trace); },
+        st::profile::process_of(mesh));
+#endif
   for (std::size_t s = 1; s <= o.steps; ++s) {
     auto const r = trainer.step(train_loader.next());
+#if STRATA_DEMO_PROFILE
+    if (profiler)
+      profiler->step(trainer);
+#endif
+    timers.add(trainer);
+    if (auto block =
+            timers.report(world, static_cast<std::int64_t>(s), static_cast<std::int64_t>(o.timers));
+        block && lead)
+      std::printf("%s", block->c_str());
     double peak = static_cast<double>(trainer.ledger().peak()); // the largest of any rank
     world.all_reduce(std::span<double>(&peak, 1), st::comm::reduce_op::max);
     double const compute = r.forward + r.backward + r.optimizer;
@@ -510,6 +558,28 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
     }
   }
   double const final_loss = validate();
+#if STRATA_DEMO_PROFILE
+  if (profiler) {
+    profiler->finish(); // a run shorter than the schedule: what it recorded
+    world.barrier();    // every rank's file written
+    if (lead) {
+      std::vector<std::filesystem::path> files;
+      for (int q = 0; q < world.size(); ++q)
+        if (auto f = trace_dir / ("rank" + std::to_string(q) + ".json"); std::filesystem::exists(f))
+          files.push_back(f);
+      if (files.empty())
+        std::printf("profile: no step was recorded (the profiler records steps 6 to 8; this "
+                    "run had %zu)\n",
+                    o.steps);
+      else {
+        st::profile::merge_chrome_traces(files, trace_dir / "trace.json");
+        std::printf("profile: %s (%zu ranks, steps 6 to 8): open it in ui.perfetto.dev (Open "
+                    "trace file) or chrome://tracing\n",
+                    (trace_dir / "trace.json").string().c_str(), files.size());
+      }
+    }
+  }
+#endif
   if (o.generate) {
     token_text codec{}; // a text file's alphabet; a token file's ids as numbers
     if constexpr (requires { val_set.decode(0); })

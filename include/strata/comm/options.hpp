@@ -1,10 +1,11 @@
-// Settings every communicator backend takes: timeout and checked mode, with their
-// environment variables.
+// Settings every communicator backend takes: timeout, checked mode and the flight recorder,
+// with their environment variables.
 #pragma once
 
 #include <strata/core/error.hpp>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <string>
 
@@ -20,9 +21,17 @@ namespace strata::comm {
 ///   builds too: on MPI it costs one small non-blocking all-reduce per collective, about
 ///   1.5 µs at 2 processes and within noise (±1.2 %) of a data-parallel step
 ///   (docs/communicator.md). Backends where the check is free (local) always check.
+/// - `flight_recorder`: how many of its last calls each rank's flight recorder keeps (0
+///   turns it off; docs/flight_recorder.md). Environment: STRATA_FLIGHT_RECORDER=N; default
+///   1024 (about 100 KiB a rank; a call costs three clock reads and a few stores).
+/// - `flight_recorder_dir`: where every rank writes its recorder's dump on a timeout or an
+///   abort (strata_flight_rank<r>.json); empty: no dump. Environment:
+///   STRATA_FLIGHT_RECORDER_DIR.
 struct comm_options {
   std::chrono::duration<double> timeout{600.0};
   bool checked = true;
+  std::size_t flight_recorder = 1024;
+  std::string flight_recorder_dir;
 
   /// The defaults overridden by the environment variables above. A malformed value is a
   /// config_error naming the variable and the value.
@@ -46,6 +55,17 @@ struct comm_options {
       else
         throw config_error("STRATA_COMM_CHECKED='" + v + "' must be 0 or 1");
     }
+    if (char const* v = std::getenv("STRATA_FLIGHT_RECORDER"); v && *v) {
+      char* end = nullptr;
+      long long const n = std::strtoll(v, &end, 10);
+      if (end == v || *end != '\0' || n < 0 || n > (1ll << 24))
+        throw config_error(std::string("STRATA_FLIGHT_RECORDER='") + v +
+                           "' is not a number of records from 0 (off) to 16777216 (example: "
+                           "STRATA_FLIGHT_RECORDER=2000)");
+      o.flight_recorder = static_cast<std::size_t>(n);
+    }
+    if (char const* d = std::getenv("STRATA_FLIGHT_RECORDER_DIR"); d && *d)
+      o.flight_recorder_dir = d;
     return o;
   }
 };

@@ -40,6 +40,17 @@ namespace strata::engine {
 ///                         rank may wait on (the communicator tells the other ranks).
 /// The whole program is known before it runs, so a pass can look ahead: the operation after
 /// the current one in execution order, the last micro-batch, the next unit to gather.
+/// A point-to-point transfer an operation carries, as the profiler's trace draws it: the peer
+/// (a rank of the pass's group), the direction, what moves (activations or their gradients),
+/// the micro-batch and the chunk.
+struct transfer_note {
+  int peer = 0;
+  bool send = false;
+  bool grad = false;
+  std::uint32_t micro_batch = 0;
+  std::uint16_t chunk = 0;
+};
+
 template <class T, class Device = host>
 class pass {
 public:
@@ -64,6 +75,9 @@ public:
   virtual void rewrite_eval(program&, std::uint16_t) {}
   virtual void run(op const&, state<T, Device>&) {}
   virtual void abort() noexcept {}
+  /// The transfers a training-program operation of this pass carries (profile::profiler's
+  /// trace draws an arrow from each send to its receive); none by default.
+  virtual void transfers(op const&, std::vector<transfer_note>&) const {}
 };
 
 } // namespace strata::engine

@@ -55,6 +55,8 @@ public:
   double seconds(op_category c) const noexcept { return seconds_[static_cast<int>(c)]; }
   /// Seconds of the whole last step.
   double total() const noexcept { return total_; }
+  /// When the last step began (the events' times count from it).
+  std::chrono::steady_clock::time_point start() const noexcept { return start_; }
 
   /// The position in the trace of the first event whose operation satisfies pred (events
   /// size when none).

@@ -164,6 +164,13 @@ public:
     p.ops.push_back(engine::pass_op(engine::op_code::collective, id, 0, k_loss));
   }
 
+  void transfers(engine::op const& o, std::vector<engine::transfer_note>& out) const override {
+    if (o.code != engine::op_code::send || o.kind == k_loss || o.arg >= train_groups_.size())
+      return;
+    for (transfer const& t : train_groups_[o.arg].ops)
+      out.push_back({t.peer, t.send, t.grad, t.micro_batch, t.chunk});
+  }
+
   void run(engine::op const& o, engine::state<T, Device>& s) override {
     if (o.kind == k_loss) {
       // Only the last stage computed losses: the sum over the stages is its value.
@@ -224,6 +231,7 @@ private:
     std::uint16_t chunk = 0, slot = 0;
     int peer = 0;
     bool header = false; // the count header goes ahead of it (see check_counts)
+    std::uint32_t micro_batch = 0;
   };
   struct transfer_group {
     std::vector<transfer> ops;
@@ -263,7 +271,8 @@ private:
     auto convert = [&](std::vector<p2p_op> const& ops) {
       transfer_group g;
       for (auto const& x : ops) // sends first: group() posts them first anyway
-        g.ops.push_back({x.send, x.grad, x.chunk, slot_of.at({x.chunk, x.micro_batch}), x.peer});
+        g.ops.push_back({x.send, x.grad, x.chunk, slot_of.at({x.chunk, x.micro_batch}), x.peer,
+                         false, x.micro_batch});
       return g;
     };
     groups.clear();

@@ -32,6 +32,7 @@
 #include <strata/policy/recompute_pass.hpp>
 #include <strata/train/options.hpp>
 #include <strata/train/predict.hpp>
+#include <strata/train/preflight.hpp>
 #include <strata/train/trainer_fwd.hpp>
 
 #include <algorithm>
@@ -278,6 +279,8 @@ private:
 
   template <comm::communicator C>
   void bind(comm::mesh<C>& mesh, std::vector<entry<C>> entries) {
+    // Every rank must run the same build of strata: one all_gather over the world, here only.
+    preflight(mesh.world());
     auto const shape = mesh.shape();
     // Each mesh axis is one strategy's.
     for (std::size_t i = 0; i < entries.size(); ++i)
@@ -558,6 +561,18 @@ public:
   /// The last step's trace as a table, one executed operation a line, named as describe()
   /// names them, with start and duration.
   std::string describe_trace() const { return trace_.table(program_, namer()); }
+  /// An operation's name in tables and traces: its code, or for one a pass inserted, the pass
+  /// and its kind ("sharded:reduce").
+  std::string op_name(engine::op const& o) const {
+    if (o.owner == engine::engine_owner)
+      return std::string(engine::name_of(o.code));
+    return namer()(o);
+  }
+  /// The point-to-point transfers a training-program operation carries (the pipeline's).
+  void op_transfers(engine::op const& o, std::vector<engine::transfer_note>& out) const {
+    if (o.owner != engine::engine_owner)
+      passes_[o.owner]->transfers(o, out);
+  }
 
 private:
   // Names an inserted operation: its pass and the pass's kind ("sharded:reduce").

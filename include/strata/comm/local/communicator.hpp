@@ -37,6 +37,8 @@ public:
     state_ = std::move(other.state_);
     engine_ = std::move(other.engine_);
     counters_ = other.counters_;
+    coll_seq_ = other.coll_seq_;
+    p2p_seq_ = other.p2p_seq_;
     return *this;
   }
   ~communicator() = default; // engine_ (declared last) drains before state_ goes
@@ -48,6 +50,11 @@ public:
   int ranks_in_process() const noexcept { return state_->group().job->world_size; }
   comm_counters const& counters() const noexcept { return counters_; }
   comm_counters& counters() noexcept { return counters_; }
+  /// This rank's flight recorder: the last calls of all its communicators
+  /// (docs/flight_recorder.md); `recorder().dump(dir)` writes it on request.
+  flight_recorder& recorder() noexcept { return state_->recorder(); }
+  /// This communicator's id in the flight recorder's records (equal on every member).
+  std::uint64_t flight_id() const noexcept { return state_->group().id; }
 
   template <element T>
   void all_reduce(std::span<T const> send, std::span<T> recv, reduce_op op) {
@@ -88,7 +95,7 @@ public:
     counters_.record(op_kind::barrier, 0);
     detail::op_record rec;
     rec.desc.kind = op_kind::barrier;
-    execute(rec);
+    execute(std::move(rec));
   }
 
   /// A communicator of the ranks that passed the same `color` (>= 0), ranked by (key, rank).
@@ -102,7 +109,7 @@ public:
     rec.desc.kind = op_kind::split;
     rec.color = color;
     rec.key = key;
-    execute(rec);
+    execute(std::move(rec));
     return communicator(state_->take_split_result(), state_->split_rank());
   }
 
@@ -140,6 +147,7 @@ private:
     rec.desc.kind = k;
     rec.desc.type = dtype_of<T>;
     rec.desc.count = count;
+    rec.bytes = bytes;
     rec.send = send.data();
     rec.recv = recv.data();
     return rec;
@@ -200,20 +208,60 @@ private:
 
   // A blocking call runs on this thread unless non-blocking ones are still queued: then it
   // queues behind them and waits, so a rank's operations always run in issue order.
-  void execute(detail::op_record const& rec) {
+  void execute(detail::op_record&& rec) {
+    note(rec, true);
     if (engine_ && engine_->pending())
       engine_->wait(engine_->submit(rec));
     else
       state_->run(rec);
   }
-  request submit(detail::op_record const& rec) {
+  request submit(detail::op_record&& rec) {
+    note(rec, false);
     if (!engine_)
       engine_ = std::make_unique<detail::async_engine>(*state_);
     return request(engine_.get(), engine_->submit(rec));
   }
 
+  // The flight records of `rec`, issued now: one for a collective (numbered as the errors
+  // number it: a split takes two numbers, its own barrier's too), one a point-to-point
+  // operation of a group (numbered by group).
+  void note(detail::op_record& rec, bool blocking) noexcept {
+    flight_recorder& fr = state_->recorder();
+    if (!fr.enabled())
+      return;
+    flight_record r;
+    r.comm = state_->group().id;
+    r.comm_rank = rank();
+    r.comm_size = size();
+    r.blocking = blocking;
+    if (rec.desc.kind == op_kind::send || rec.desc.kind == op_kind::recv) {
+      r.p2p = true;
+      r.seq = ++p2p_seq_;
+      for (p2p const& op : rec.group_ops()) {
+        set_transfer(r, op);
+        std::uint64_t const id = fr.issue(r);
+        if (rec.flight_n++ == 0)
+          rec.flight_id = id;
+      }
+      return;
+    }
+    r.seq = ++coll_seq_;
+    if (rec.desc.kind == op_kind::split)
+      ++coll_seq_;
+    r.op = rec.desc.kind;
+    r.type = rec.desc.type;
+    r.rop = rec.desc.op;
+    r.count = rec.desc.count;
+    r.root = rec.desc.kind == op_kind::broadcast ? rec.desc.root : -1;
+    r.bytes = rec.bytes;
+    rec.flight_id = fr.issue(r);
+    rec.flight_n = 1;
+  }
+
   std::unique_ptr<detail::rank_state> state_;
   comm_counters counters_;
+  std::uint64_t coll_seq_ = 0; // collectives issued (the flight recorder's numbering)
+  std::uint64_t p2p_seq_ = 0;  // point-to-point groups issued
   std::unique_ptr<detail::async_engine> engine_; // last: destroyed (drained) first
 };
 

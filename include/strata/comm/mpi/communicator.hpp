@@ -7,6 +7,7 @@
 #include <strata/comm/communicator.hpp>
 #include <strata/comm/detail/arg_checks.hpp>
 #include <strata/comm/detail/call_desc.hpp>
+#include <strata/comm/flight_recorder.hpp>
 #include <strata/comm/mpi/detail/operation.hpp>
 #include <strata/comm/mpi/detail/ring.hpp>
 #include <strata/comm/mpi/error.hpp>
@@ -22,7 +23,9 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace strata::comm::mpi {
@@ -39,6 +42,7 @@ struct context {
   comm_options options;
   watchdog* dog;
   progress_thread* progress;
+  flight_recorder* recorder; // this process's (rank's) last calls
 };
 
 constexpr std::uint64_t mix_id(std::uint64_t a, std::uint64_t b) noexcept {
@@ -110,6 +114,7 @@ public:
         MPI_Group_translate_ranks(group, size_, mine.data(), world_group, world.data()));
     MPI_Group_free(&group);
     MPI_Group_free(&world_group);
+    ctx_->recorder->attach(id, world);
     entry_ = ctx_->dog->attach(id, std::move(world));
     // Checked mode's own communicators: the descriptor checks, in issue order, and the
     // gathers that name every rank's call on a mismatch.
@@ -118,6 +123,7 @@ public:
     ring_->ranks = size_;
     ring_->comm = comm_;
     ring_->progress = ctx_->progress;
+    ring_->recorder = ctx_->recorder;
     ctx_->progress->attach(ring_.get());
   }
 
@@ -157,6 +163,11 @@ public:
   int size() const noexcept { return size_; }
   comm_counters const& counters() const noexcept { return counters_; }
   comm_counters& counters() noexcept { return counters_; }
+  /// This process's flight recorder: the last calls of all its communicators
+  /// (docs/flight_recorder.md); `recorder().dump(dir)` writes it on request.
+  flight_recorder& recorder() noexcept { return *ctx_->recorder; }
+  /// This communicator's id in the flight recorder's records (equal on every member).
+  std::uint64_t flight_id() const noexcept { return entry_->id; }
   /// Checked mode on this communicator: comm_options::checked at first, inherited by
   /// split(). Every rank must set the same value before its next collective.
   bool checked() const noexcept { return checked_; }
@@ -210,16 +221,19 @@ public:
     }
     std::uint64_t const k = ++p2p_seq_;
     call_desc const d = p2p_desc(ops);
+    auto const [fid, fn] = note_p2p(ops, k, true);
+    ctx_->recorder->start(fid, fn);
     guard g(*this, k, d, true);
     for (std::size_t i = 0; i < ops.size(); ++i)
       post(ops[i], &reqs_[i]);
     int const rc = MPI_Waitall(static_cast<int>(ops.size()), reqs_.data(), statuses_.data());
     check_received(ops, statuses_.data(), rc, k);
+    ctx_->recorder->complete(fid, fn);
   }
 
   void barrier() {
     counters_.record(op_kind::barrier, 0);
-    collective(call_desc{op_kind::barrier, dtype::f32, reduce_op::sum, 0, 0},
+    collective(call_desc{op_kind::barrier, dtype::f32, reduce_op::sum, 0, 0}, 0,
                [&] { check(MPI_Barrier(comm_), "MPI_Barrier"); });
   }
 
@@ -231,7 +245,7 @@ public:
                          std::to_string(rank_) + " must be >= 0");
     counters_.record(op_kind::split, 0);
     MPI_Comm out = MPI_COMM_NULL;
-    collective(call_desc{op_kind::split, dtype::f32, reduce_op::sum, 0, 0},
+    collective(call_desc{op_kind::split, dtype::f32, reduce_op::sum, 0, 0}, 0,
                [&] { check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split"); });
     communicator sub(
         out, ctx_, detail::mix_id(entry_->id, seq_ * 1000003u + static_cast<std::uint64_t>(color)));
@@ -268,6 +282,8 @@ public:
                          std::to_string(detail::pending::max_group) + " operations, got " +
                          std::to_string(ops.size()) + "; split it into several groups");
     auto& p = start(p2p_desc(ops), true);
+    std::tie(p.flight_id, p.flight_n) = note_p2p(ops, p.seq, false);
+    ctx_->recorder->start(p.flight_id, p.flight_n);
     for (std::size_t i = 0; i < ops.size(); ++i) {
       post(ops[i], &p.requests[i]);
       p.ops[i] = ops[i];
@@ -309,26 +325,28 @@ private:
   // block), in float for 16-bit floats; in place when recv is this rank's block of send.
   template <mode M, element T>
   auto reduction_(op_kind k, std::span<T const> send, std::span<T> recv, reduce_op op) {
-    counters_.record(k, wire_bytes<T>(send.size()));
-    return issue<M>({k, dtype_of<T>, op, 0, recv.size()}, [=, this](detail::operation& o,
-                                                                    std::vector<float>& scratch) {
-      bool const scatter = k == op_kind::reduce_scatter;
-      o.n = detail::as_int(recv.size(), scatter ? "reduce_scatter" : "all_reduce");
-      o.op = detail::mpi_op(op);
-      o.out = recv.data();
-      if constexpr (detail::widens<T>) {
-        detail::reduce_widened(o, send.data(), send.size(), scratch);
-      } else {
-        std::size_t const block = scatter ? static_cast<std::size_t>(rank_) * recv.size() : 0;
-        bool const in_place = recv.data() == send.data() + block;
-        // MPI's in-place form leaves the result at the start of the buffer.
-        o.send = in_place ? MPI_IN_PLACE : send.data();
-        o.recv = in_place ? const_cast<T*>(send.data()) : recv.data();
-        detail::reduce_native(o);
-        if (o.recv != o.out)
-          o.how = detail::operation::finish::move_block;
-      }
-    });
+    std::uint64_t const bytes = wire_bytes<T>(send.size());
+    counters_.record(k, bytes);
+    return issue<M>({k, dtype_of<T>, op, 0, recv.size()}, bytes,
+                    [=, this](detail::operation& o, std::vector<float>& scratch) {
+                      bool const scatter = k == op_kind::reduce_scatter;
+                      o.n = detail::as_int(recv.size(), scatter ? "reduce_scatter" : "all_reduce");
+                      o.op = detail::mpi_op(op);
+                      o.out = recv.data();
+                      if constexpr (detail::widens<T>) {
+                        detail::reduce_widened(o, send.data(), send.size(), scratch);
+                      } else {
+                        std::size_t const block =
+                            scatter ? static_cast<std::size_t>(rank_) * recv.size() : 0;
+                        bool const in_place = recv.data() == send.data() + block;
+                        // MPI's in-place form leaves the result at the start of the buffer.
+                        o.send = in_place ? MPI_IN_PLACE : send.data();
+                        o.recv = in_place ? const_cast<T*>(send.data()) : recv.data();
+                        detail::reduce_native(o);
+                        if (o.recv != o.out)
+                          o.how = detail::operation::finish::move_block;
+                      }
+                    });
   }
 
   template <mode M, element T>
@@ -336,7 +354,7 @@ private:
     checks().all_gather(send.size(), recv.size());
     counters_.record(op_kind::all_gather, recv.size_bytes());
     return issue<M>({op_kind::all_gather, dtype_of<T>, reduce_op::sum, 0, send.size()},
-                    [=, this](detail::operation& o, std::vector<float>&) {
+                    recv.size_bytes(), [=, this](detail::operation& o, std::vector<float>&) {
                       o.n = detail::as_int(send.size(), "all_gather");
                       o.type = detail::transport_type(o.desc.type);
                       bool const in_place =
@@ -352,7 +370,7 @@ private:
     checks().broadcast(send.size(), recv.size(), root);
     counters_.record(op_kind::broadcast, recv.size_bytes());
     return issue<M>({op_kind::broadcast, dtype_of<T>, reduce_op::sum, root, recv.size()},
-                    [=, this](detail::operation& o, std::vector<float>&) {
+                    recv.size_bytes(), [=, this](detail::operation& o, std::vector<float>&) {
                       if (rank_ == root && send.data() != recv.data() && !recv.empty())
                         std::memcpy(recv.data(), send.data(), recv.size_bytes());
                       o.n = detail::as_int(recv.size(), "broadcast");
@@ -364,9 +382,9 @@ private:
   // Blocking: after the earlier non-blocking operations, checked, MPI's blocking call and its
   // finish, with scratch_ for widened floats. Non-blocking: a ring record, its own scratch.
   template <mode M, class Fill>
-  auto issue(call_desc const& d, Fill fill) {
+  auto issue(call_desc const& d, std::uint64_t bytes, Fill fill) {
     if constexpr (M == mode::blocking) {
-      collective(d, [&] {
+      collective(d, bytes, [&] {
         detail::operation o{d};
         fill(o, scratch_);
         char const* call = nullptr;
@@ -376,6 +394,8 @@ private:
       });
     } else {
       detail::pending& p = start(d);
+      p.flight_id = note(d, p.seq, bytes, false);
+      p.flight_n = 1;
       fill(p.call, p.scratch);
       return launch(p);
     }
@@ -471,13 +491,60 @@ private:
   }
 
   template <class Body>
-  void collective(call_desc const& d, Body&& body) {
+  void collective(call_desc const& d, std::uint64_t bytes, Body&& body) {
     drain();
     std::uint64_t const s = ++seq_;
+    std::uint64_t const fid = note(d, s, bytes, true);
+    ctx_->recorder->start(fid);
     guard g(*this, s, d, false);
     if (checked_)
       verify(d, s);
     body();
+    ctx_->recorder->complete(fid);
+  }
+
+  // The flight record of collective #s, issued now (0 when the recorder is off).
+  std::uint64_t note(call_desc const& d, std::uint64_t s, std::uint64_t bytes,
+                     bool blocking) noexcept {
+    flight_recorder& fr = *ctx_->recorder;
+    if (!fr.enabled())
+      return 0;
+    flight_record r;
+    r.comm = entry_->id;
+    r.comm_rank = rank_;
+    r.comm_size = size_;
+    r.seq = s;
+    r.blocking = blocking;
+    r.op = d.kind;
+    r.type = d.type;
+    r.rop = d.op;
+    r.count = d.count;
+    r.root = d.kind == op_kind::broadcast ? d.root : -1;
+    r.bytes = bytes;
+    return fr.issue(r);
+  }
+  // The flight records of point-to-point group #k, one an operation: (first id, count).
+  std::pair<std::uint64_t, std::uint32_t> note_p2p(std::span<p2p const> ops, std::uint64_t k,
+                                                   bool blocking) noexcept {
+    flight_recorder& fr = *ctx_->recorder;
+    if (!fr.enabled())
+      return {0, 0};
+    flight_record r;
+    r.comm = entry_->id;
+    r.comm_rank = rank_;
+    r.comm_size = size_;
+    r.seq = k;
+    r.p2p = true;
+    r.blocking = blocking;
+    std::uint64_t first = 0;
+    std::uint32_t n = 0;
+    for (p2p const& op : ops) {
+      set_transfer(r, op);
+      std::uint64_t const id = fr.issue(r);
+      if (n++ == 0)
+        first = id;
+    }
+    return {first, n};
   }
 
   // Checked mode: all ranks agree on the call, or every rank raises with every rank's call.
@@ -536,6 +603,8 @@ private:
     p.rc = MPI_SUCCESS;
     p.checking = false;
     p.mismatch = false;
+    p.flight_id = 0;
+    p.flight_n = 0;
     return p;
   }
 
@@ -552,6 +621,7 @@ private:
       char const* call = nullptr;
       int const rc = detail::invoke(p.call, comm_, &p.requests[0], call);
       check(rc, call);
+      ctx_->recorder->start(p.flight_id, p.flight_n);
     }
     p.n_requests = 1;
     request r = publish(p);

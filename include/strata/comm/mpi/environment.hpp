@@ -32,7 +32,7 @@ namespace strata::comm::mpi {
 class environment {
 public:
   environment(int& argc, char**& argv, comm_options const& options = comm_options::from_env())
-      : ctx_{options, nullptr, nullptr} {
+      : ctx_{options, nullptr, nullptr, nullptr} {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
@@ -50,7 +50,10 @@ public:
     STRATA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
     check_env_agrees();
     start_store();
-    dog_ = std::make_unique<detail::watchdog>(rank_, size_, ctx_.options, host_, port_);
+    recorder_ = std::make_unique<flight_recorder>(ctx_.options.flight_recorder, rank_, size_);
+    ctx_.recorder = recorder_.get();
+    dog_ = std::make_unique<detail::watchdog>(rank_, size_, ctx_.options, host_, port_,
+                                              recorder_.get());
     ctx_.dog = dog_.get();
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
@@ -74,6 +77,8 @@ public:
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   comm_options const& options() const noexcept { return ctx_.options; }
+  /// This process's flight recorder (every communicator's last calls).
+  flight_recorder& recorder() noexcept { return *recorder_; }
   /// The progress thread's pause between polls; zero when it is off (STRATA_MPI_PROGRESS_US=0,
   /// or MPI started without MPI_THREAD_MULTIPLE).
   std::chrono::microseconds progress_interval() const noexcept {
@@ -174,6 +179,7 @@ private:
   std::string host_;
   std::uint16_t port_ = 0;
   std::unique_ptr<tcp_store_server> server_;
+  std::unique_ptr<flight_recorder> recorder_; // before dog_: the watchdog dumps it
   std::unique_ptr<detail::watchdog> dog_;
   std::unique_ptr<detail::progress_thread> progress_;
   std::uint64_t worlds_ = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <strata/comm/detail/call_desc.hpp>
+#include <strata/comm/flight_recorder.hpp>
 #include <strata/comm/mpi/error.hpp>
 #include <strata/comm/options.hpp>
 #include <strata/comm/rendezvous/tcp_store.hpp>
@@ -37,11 +38,12 @@ public:
   using clock = std::chrono::steady_clock;
 
   watchdog(int world_rank, int world_size, comm_options const& options, std::string store_host,
-           std::uint16_t store_port)
+           std::uint16_t store_port, flight_recorder const* recorder = nullptr)
       : rank_(world_rank), size_(world_size), options_(options), host_(std::move(store_host)),
-        port_(store_port), tick_(std::clamp<clock::duration>(
-                               std::chrono::duration_cast<clock::duration>(options.timeout / 10),
-                               std::chrono::milliseconds(20), std::chrono::milliseconds(500))),
+        port_(store_port), recorder_(recorder),
+        tick_(std::clamp<clock::duration>(
+            std::chrono::duration_cast<clock::duration>(options.timeout / 10),
+            std::chrono::milliseconds(20), std::chrono::milliseconds(500))),
         thread_([this] { loop(); }) {}
 
   watchdog(watchdog const&) = delete;
@@ -85,7 +87,8 @@ public:
 
   /// Ends the job: prints `message` on this rank, publishes it so that every live rank prints
   /// it too, waits briefly for them, and calls MPI_Abort.
-  [[noreturn]] void fail(std::string const& message) {
+  [[noreturn]] void fail(std::string const& reason) {
+    std::string const message = reason + dump_flight(reason);
     std::fprintf(stderr, "[strata rank %d] %s; ending the job (MPI_Abort)\n", rank_,
                  message.c_str());
     std::fflush(stderr);
@@ -106,6 +109,15 @@ public:
     }
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::abort();
+  }
+
+  /// Dumps this rank's flight recorder to comm_options::flight_recorder_dir, once; returns
+  /// the note that says where (or how to get a dump).
+  std::string dump_flight(std::string const& reason) {
+    if (!recorder_ || dumped_.exchange(true))
+      return "";
+    flight_recorder const* one[] = {recorder_};
+    return comm::detail::dump_on_failure(one, options_.flight_recorder_dir, reason);
   }
 
 private:
@@ -147,6 +159,8 @@ private:
         if (!acked && store->check("strata/wd/abort")) {
           std::string const why = store->get("strata/wd/abort");
           std::fprintf(stderr, "[strata rank %d] the job is ending: %s\n", rank_, why.c_str());
+          if (std::string const note = dump_flight(why); !note.empty())
+            std::fprintf(stderr, "[strata rank %d]%s\n", rank_, note.c_str());
           std::fflush(stderr);
           store->add("strata/wd/acks", 1);
           acked = true;
@@ -232,6 +246,8 @@ private:
   comm_options const options_;
   std::string const host_;
   std::uint16_t const port_;
+  flight_recorder const* const recorder_;
+  std::atomic<bool> dumped_{false};
   clock::duration const tick_;
 
   std::mutex mu_;

@@ -26,6 +26,9 @@ struct op_record {
   std::span<p2p const> group; // blocking group(): the caller's operations
   std::size_t n_async_group = 0;
   std::array<p2p, max_async_group> async_group{}; // group_async(): a copy of them
+  std::uint64_t bytes = 0;                        // as the counters count it
+  std::uint64_t flight_id = 0; // its flight records: flight_id, ... + flight_n - 1
+  std::uint32_t flight_n = 0;
 
   std::span<p2p const> group_ops() const noexcept {
     return n_async_group ? std::span<p2p const>(async_group.data(), n_async_group) : group;
@@ -49,20 +52,31 @@ public:
   rank_state(std::shared_ptr<group_state> g, int rank)
       : g_(std::move(g)), rank_(rank), srcs_(static_cast<std::size_t>(g_->size)),
         dsts_(static_cast<std::size_t>(g_->size)), sent_(static_cast<std::size_t>(g_->size), 0),
-        received_(static_cast<std::size_t>(g_->size), 0) {}
+        received_(static_cast<std::size_t>(g_->size), 0),
+        recorder_(g_->job
+                      ->recorders[static_cast<std::size_t>(
+                          g_->world_ranks[static_cast<std::size_t>(rank)])]
+                      .get()) {
+    recorder_->attach(g_->id, g_->world_ranks);
+  }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return g_->size; }
   group_state& group() noexcept { return *g_; }
+  /// This rank's flight recorder (shared by all its communicators).
+  flight_recorder& recorder() noexcept { return *recorder_; }
 
-  /// Runs one operation to completion on the calling thread.
+  /// Runs one operation to completion on the calling thread, stamping its flight records
+  /// started and completed (a failed one stays started).
   void run(op_record const& rec) {
     if (g_->job->aborted.load(std::memory_order_relaxed))
       g_->job->throw_abort();
+    recorder_->start(rec.flight_id, rec.flight_n);
     if (rec.desc.kind == op_kind::send || rec.desc.kind == op_kind::recv)
       run_group(rec.group_ops());
     else
       run_collective(rec);
+    recorder_->complete(rec.flight_id, rec.flight_n);
   }
 
   /// The group made by the last split(), taken by the caller, and this rank's place in it.
@@ -104,8 +118,7 @@ private:
       msg += (j ? "; " : " ") + g_->name_ranks({j}) + " called " + describe(slot(j).desc);
     msg += ". Every rank must call the same collectives in the same order with the same count, "
            "type, op and root.";
-    g_->job->abort(failure_kind::desync, msg);
-    throw comm_desync(msg);
+    throw comm_desync(g_->job->abort(failure_kind::desync, msg));
   }
 
   void leave(std::uint64_t s, op_record const& rec) {
@@ -245,8 +258,7 @@ private:
                           std::string(name_of(op.type)) +
                           ". Sends and receives between two ranks match in order and must "
                           "agree in count and type.";
-        g_->job->abort(failure_kind::desync, msg);
-        throw comm_desync(msg);
+        throw comm_desync(g_->job->abort(failure_kind::desync, msg));
       }
       if (m.count)
         std::memcpy(op.data, m.data, m.count * size_of(m.type));
@@ -275,6 +287,7 @@ private:
   std::vector<std::uint64_t> received_;
   std::shared_ptr<group_state> split_out_;
   int split_rank_ = 0;
+  flight_recorder* recorder_;
 };
 
 } // namespace strata::comm::local::detail

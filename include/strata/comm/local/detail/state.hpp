@@ -4,6 +4,7 @@
 
 #include <strata/comm/counters.hpp>
 #include <strata/comm/detail/call_desc.hpp>
+#include <strata/comm/flight_recorder.hpp>
 #include <strata/comm/local/detail/futex.hpp>
 #include <strata/comm/options.hpp>
 #include <strata/comm/reduce_op.hpp>
@@ -43,8 +44,10 @@ struct job_state {
       : world_size(world), options(o),
         spin(world <= static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))),
         left(new std::atomic<bool>[static_cast<std::size_t>(world)]) {
-    for (int r = 0; r < world; ++r)
+    for (int r = 0; r < world; ++r) {
       left[r].store(false);
+      recorders.push_back(std::make_unique<flight_recorder>(o.flight_recorder, r, world));
+    }
   }
 
   int const world_size;
@@ -52,15 +55,24 @@ struct job_state {
   bool const spin; // ranks <= cores: spin briefly before sleeping
   std::atomic<bool> aborted{false};
   std::unique_ptr<std::atomic<bool>[]> left;
+  std::vector<std::unique_ptr<flight_recorder>> recorders; // one a rank: its last calls
+  std::atomic<std::uint64_t> next_group_id{0};             // communicator ids for the recorder
 
-  /// Records the first failure; later ones are consequences of it and are dropped.
-  void abort(failure_kind k, std::string msg) {
+  /// Records the first failure; later ones are consequences of it and are dropped. The first
+  /// dumps every rank's flight recorder (comm_options::flight_recorder_dir) and returns
+  /// `msg` with a note saying where the dumps are; later ones return `msg` unchanged.
+  std::string abort(failure_kind k, std::string msg) {
     std::lock_guard lock(mu_);
     if (aborted.load())
-      return;
+      return msg;
+    std::vector<flight_recorder const*> all;
+    for (auto const& r : recorders)
+      all.push_back(r.get());
+    msg += comm::detail::dump_on_failure(all, options.flight_recorder_dir, msg);
     kind_ = k;
-    message_ = std::move(msg);
+    message_ = msg;
     aborted.store(true, std::memory_order_seq_cst);
+    return msg;
   }
 
   [[noreturn]] void throw_abort() {
@@ -108,12 +120,14 @@ struct channel {
 /// The state every rank of one communicator shares.
 struct group_state {
   group_state(std::shared_ptr<job_state> j, std::vector<int> world)
-      : size(static_cast<int>(world.size())), job(std::move(j)), world_ranks(std::move(world)),
+      : size(static_cast<int>(world.size())), job(std::move(j)),
+        id(job->next_group_id.fetch_add(1) + 1), world_ranks(std::move(world)),
         slots(new rank_slot[world_ranks.size()]),
         channels(new channel[world_ranks.size() * world_ranks.size()]) {}
 
   int const size;
   std::shared_ptr<job_state> const job;
+  std::uint64_t const id; // the flight recorder's communicator id: 1 is local::run's world
   std::vector<int> const world_ranks; // rank in this group -> rank in local::run
   std::unique_ptr<rank_slot[]> slots;
   std::unique_ptr<channel[]> channels; // [src * size + dst]
@@ -201,8 +215,7 @@ struct group_state {
                  " did not arrive (a rank is stuck, slower than the timeout, or making other "
                  "calls; STRATA_COMM_TIMEOUT sets the timeout in seconds)";
         }
-        job->abort(kind, msg);
-        throw_as(kind, msg);
+        throw_as(kind, job->abort(kind, msg));
       }
       auto const slice = std::min<clock::duration>(deadline - now, std::chrono::milliseconds(10));
       futex_wait(waiter.word, w, slice);

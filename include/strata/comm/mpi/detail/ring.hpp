@@ -4,6 +4,7 @@
 #pragma once
 
 #include <strata/comm/detail/call_desc.hpp>
+#include <strata/comm/flight_recorder.hpp>
 #include <strata/comm/mpi/detail/operation.hpp>
 #include <strata/comm/mpi/progress.hpp>
 #include <strata/comm/p2p.hpp>
@@ -36,6 +37,8 @@ struct pending {
   bool mismatch = false; // the check failed: nothing was posted; the rank's thread reports
   MPI_Request check_req = MPI_REQUEST_NULL;
   std::array<std::int64_t, 10> check{};
+  std::uint64_t flight_id = 0; // its flight records: flight_id, ... + flight_n - 1
+  std::uint32_t flight_n = 0;
   operation call;             // the collective to post (a group's kind, type, count: its first)
   std::vector<float> scratch; // 16-bit floats widened (kept: no allocation once grown)
 };
@@ -85,6 +88,7 @@ struct ring final : pollable {
   int ranks = 0;                 // the communicator's size, for the average
   MPI_Comm comm = MPI_COMM_NULL; // where the operations go
   progress_thread* progress = nullptr;
+  flight_recorder* recorder = nullptr; // stamps each operation started and completed
 
   pending& slot(std::uint64_t ticket) noexcept { return slots[(ticket - 1) % size]; }
 
@@ -103,8 +107,11 @@ struct ring final : pollable {
         return false;
       p.checking = false;
       p.mismatch = p.rc == MPI_SUCCESS && !agree(p.check);
-      if (p.rc == MPI_SUCCESS && !p.mismatch)
+      if (p.rc == MPI_SUCCESS && !p.mismatch) {
         p.rc = post(p, comm);
+        if (p.rc == MPI_SUCCESS && recorder)
+          recorder->start(p.flight_id, p.flight_n);
+      }
       if (p.rc != MPI_SUCCESS || p.mismatch)
         return conclude(p);
     }
@@ -141,6 +148,8 @@ struct ring final : pollable {
 
 private:
   bool conclude(pending& p) noexcept {
+    if (p.rc == MPI_SUCCESS && !p.mismatch && recorder)
+      recorder->complete(p.flight_id, p.flight_n);
     p.done = true;
     progress->end();
     return true;
