@@ -8,10 +8,12 @@
 #include <strata/io/flight_recorder.hpp>
 
 #include "../support/count_allocations.hpp"
+#include "../support/seed.hpp"
 
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -48,8 +50,11 @@ fs::path fresh_dir(std::string const& name) {
   return d;
 }
 
+// Called from every rank's thread: a generator a thread, seeded from the test's seed.
 std::vector<float> random_floats(std::size_t n) {
-  static std::mt19937 gen(std::random_device{}());
+  static std::atomic<std::uint64_t> streams{0};
+  thread_local std::mt19937 gen(static_cast<std::uint32_t>(
+      strata::test::mix(strata::test::seed(), streams.fetch_add(1, std::memory_order_relaxed))));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> v(n);
   for (auto& x : v)
