@@ -69,7 +69,7 @@ BENCHMARK(profiled_step)
     ->Arg(1)
     ->Arg(2)
     ->UseManualTime()
-    ->MinTime(2.0) // --benchmark_min_time overrides it (the smoke test: one iteration)
+    ->MinTime(2.0) // at least 2 s a mode (the smoke test's --benchmark_min_time does not cut it)
     ->Unit(benchmark::kMillisecond);
 
 } // namespace
