@@ -830,17 +830,11 @@ private:
       for (std::size_t d : p->shape())
         h = parallel::detail::fnv1a(&d, sizeof d, h);
     }
-    std::int64_t const mine[3] = {static_cast<std::int64_t>(flat_.params.size()),
-                                  static_cast<std::int64_t>(flat_.flat_size),
-                                  static_cast<std::int64_t>(h)};
     checks_ = c.template allocate<std::int64_t>(memory_kind::communication,
                                                 3 * static_cast<std::size_t>(n) + 3);
-    c.copy_async(s, checks_, mine, sizeof mine);
-    dp_->gather_checks(std::span<std::int64_t const>(checks_, 3),
-                       std::span<std::int64_t>(checks_ + 3, 3 * static_cast<std::size_t>(n)));
-    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(n));
-    c.copy_async(s, all.data(), checks_ + 3, all.size() * sizeof(std::int64_t));
-    c.synchronize(s, "the replicas' model check");
+    auto const all =
+        gather_three(static_cast<std::int64_t>(flat_.params.size()),
+                     static_cast<std::int64_t>(flat_.flat_size), static_cast<std::int64_t>(h));
     std::string diff;
     for (int r = 1; r < n; ++r) {
       auto const* o = all.data() + 3 * r;
