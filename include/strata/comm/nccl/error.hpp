@@ -67,39 +67,48 @@ inline void check_nccl_grouped(ncclResult_t rc, char const* call, char const* fi
     throw_nccl(rc, call, file, line);
 }
 
-/// Polls ncclCommGetAsyncError(comm) while it says ncclInProgress: returns once the
-/// communicator is ready, throws nccl_error for any other state and comm_timeout naming `what`
-/// and `timeout` when the deadline passes first. Yields between polls (the work is NCCL's
-/// host threads', which need the core).
+/// One look at a non-blocking communicator: its state, ncclSuccess or ncclInProgress; throws
+/// nccl_error for any other state and comm_timeout naming `what` and `timeout` once the deadline
+/// has passed with the wait not over (`still`: what the timeout says was missing; a ready
+/// communicator ends the wait when `ready_ends_wait`).
+inline ncclResult_t poll_nccl(ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
+                              std::chrono::duration<double> timeout, char const* what,
+                              char const* still, bool ready_ends_wait) {
+  ncclResult_t state = ncclInProgress;
+  ncclResult_t const rc = ncclCommGetAsyncError(comm, &state);
+  if (rc != ncclSuccess)
+    throw_nccl(rc, "ncclCommGetAsyncError", __FILE__, __LINE__);
+  if (state != ncclSuccess && state != ncclInProgress)
+    throw nccl_error(std::string("strata: ") + what + " failed: " + ncclGetErrorString(state) +
+                     " (reported by ncclCommGetAsyncError; NCCL_DEBUG=INFO shows NCCL's own "
+                     "account)");
+  if ((state == ncclInProgress || !ready_ends_wait) &&
+      std::chrono::steady_clock::now() > deadline) {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", timeout.count());
+    throw comm_timeout(std::string("strata: ") + what + " did not finish within " + secs + " s (" +
+                       still +
+                       "): a rank may not have made the same call; "
+                       "STRATA_COMM_TIMEOUT sets the timeout in seconds");
+  }
+  return state;
+}
+
+/// Polls the communicator while it says ncclInProgress: returns once it is ready; errors and
+/// the deadline as poll_nccl. Yields between polls (the work is NCCL's host threads', which
+/// need the core).
 inline void wait_nccl_ready(ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
                             std::chrono::duration<double> timeout, char const* what) {
-  for (;;) {
-    ncclResult_t state = ncclInProgress;
-    ncclResult_t const rc = ncclCommGetAsyncError(comm, &state);
-    if (rc != ncclSuccess)
-      throw_nccl(rc, "ncclCommGetAsyncError", __FILE__, __LINE__);
-    if (state == ncclSuccess)
-      return;
-    if (state != ncclInProgress)
-      throw nccl_error(std::string("strata: ") + what + " failed: " + ncclGetErrorString(state) +
-                       " (reported by ncclCommGetAsyncError; NCCL_DEBUG=INFO shows NCCL's own "
-                       "account)");
-    if (std::chrono::steady_clock::now() > deadline) {
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%g", timeout.count());
-      throw comm_timeout(std::string("strata: ") + what + " did not finish within " + secs +
-                         " s (NCCL still reported ncclInProgress): a rank may not have made the "
-                         "same call; STRATA_COMM_TIMEOUT sets the timeout in seconds");
-    }
+  while (poll_nccl(comm, deadline, timeout, what, "NCCL still reported ncclInProgress", true) !=
+         ncclSuccess)
     std::this_thread::yield();
-  }
 }
 
 /// A non-blocking ncclCommSplit may return before NCCL writes the new handle: its set-up runs
 /// as a job of the parent communicator, which stores `*slot` when it ends (NCCL 2.28 on an H200,
-/// 2026-12-04: ncclInProgress, then the parent ready, with the handle still null). Polls until
-/// the handle is there, the parent reports an error (nccl_error) or the deadline passes
-/// (comm_timeout naming `what` and `timeout`); then the new communicator to readiness.
+/// 2026-12-04: ncclInProgress, then the parent ready, with the handle still null). Polls the
+/// parent until the handle is there (errors and the deadline as poll_nccl), then the new
+/// communicator to readiness.
 inline ncclComm_t wait_nccl_handle(ncclComm_t& slot, ncclComm_t parent,
                                    std::chrono::steady_clock::time_point deadline,
                                    std::chrono::duration<double> timeout, char const* what) {
@@ -109,21 +118,7 @@ inline ncclComm_t wait_nccl_handle(ncclComm_t& slot, ncclComm_t parent,
       wait_nccl_ready(c, deadline, timeout, what);
       return c;
     }
-    ncclResult_t state = ncclInProgress;
-    ncclResult_t const rc = ncclCommGetAsyncError(parent, &state);
-    if (rc != ncclSuccess)
-      throw_nccl(rc, "ncclCommGetAsyncError", __FILE__, __LINE__);
-    if (state != ncclSuccess && state != ncclInProgress)
-      throw nccl_error(std::string("strata: ") + what + " failed: " + ncclGetErrorString(state) +
-                       " (the parent communicator's state; NCCL_DEBUG=INFO shows NCCL's own "
-                       "account)");
-    if (std::chrono::steady_clock::now() > deadline) {
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%g", timeout.count());
-      throw comm_timeout(std::string("strata: ") + what + " gave no communicator within " + secs +
-                         " s: a rank may not have made the same call; "
-                         "STRATA_COMM_TIMEOUT sets the timeout in seconds");
-    }
+    (void)poll_nccl(parent, deadline, timeout, what, "NCCL gave no new communicator", false);
     std::this_thread::yield();
   }
 }
