@@ -1,8 +1,9 @@
 // executor: runs a step program on a rank's state, dispatching passes' operations, and
-// records the trace.
+// records the trace (and, built with NVTX, a range around each operation: engine/nvtx.hpp).
 #pragma once
 
 #include <strata/core/device.hpp>
+#include <strata/engine/nvtx.hpp>
 #include <strata/engine/op.hpp>
 #include <strata/engine/pass.hpp>
 #include <strata/engine/program.hpp>
@@ -18,33 +19,42 @@ namespace strata::engine {
 
 /// Runs every operation of a program in order: the engine's own on the state, the others by
 /// the pass that inserted them. On an exception every pass is told to abort, then the
-/// exception propagates.
+/// exception propagates. Built with NVTX, each run is a range ("step N", "evaluate") and each
+/// operation a range inside it named as the trace names it (nvtx_ranges).
 template <class T, class Device = host>
 class executor {
 public:
   void run(program const& p, state<T, Device>& s,
            std::vector<std::unique_ptr<pass<T, Device>>>& passes, trace& t) {
+    ranges_.sync(passes);
+    ranges_.push_step(s.values().training, s.values().step);
     t.begin_step();
     std::uint32_t i = 0;
     try {
       for (; i < p.ops.size(); ++i) {
         op const& o = p.ops[i];
+        ranges_.push(o);
         std::int64_t const b = t.now_ns();
         if (o.owner != engine_owner)
           passes[o.owner]->run(o, s);
         else
           run_own(o, s);
         t.record(i, o.code, b, t.now_ns());
+        ranges_.pop();
       }
     } catch (...) {
+      ranges_.pop_all();
       for (auto& ps : passes)
         ps->abort();
       throw;
     }
     t.end_step();
+    ranges_.pop();
   }
 
 private:
+  [[no_unique_address]] nvtx_ranges<T, Device> ranges_;
+
   static void run_own(op const& o, state<T, Device>& s) {
     switch (o.code) {
     case op_code::zero_grad:
