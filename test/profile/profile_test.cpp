@@ -2,7 +2,8 @@
 // profiler's delivery (on_trace_ready once a cycle, the cycle's steps) and no allocation on a
 // step it leaves out; the Chrome trace of dp 2 x pp 2 (1F1B) on 4 in-process ranks: it parses,
 // every rank is in the merged file, every lane nests, every flow pairs up (the checkers fail
-// on a planted partial overlap and a dropped flow end); the timers' (min, max) block, gathered
+// on a planted partial overlap and a dropped flow end), the communication arguments (call,
+// group, bytes, sequence number; the transfers' peers and bytes); the timers' block, gathered
 // only at the log interval.
 #include "../support/count_allocations.hpp"
 #include "../support/parity.hpp"
@@ -24,9 +25,12 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <unistd.h>
 #include <vector>
 
@@ -102,6 +106,8 @@ struct fake_trainer {
     return std::string(st::engine::name_of(o.code));
   }
   void op_transfers(st::engine::op const&, std::vector<st::engine::transfer_note>&) const {}
+  std::vector<std::unique_ptr<st::engine::pass<float>>> const& passes() const { return no_passes; }
+  std::vector<std::unique_ptr<st::engine::pass<float>>> no_passes;
 };
 
 } // namespace
@@ -194,6 +200,72 @@ std::string unpaired_flow(json const& events) {
   return {};
 }
 
+// The communication arguments of dp 2 x pp 2 (rank = dp + 2 pp; 2 micro-batches of 2
+// sequences of 8 tokens, 16 features in f32): every data-parallel bucket is an all_reduce over
+// dp whose bytes add up to at least the rank's parameters; every pipeline group is a send_recv
+// over pp, each transfer naming its peer's rank and carrying one micro-batch's activations or
+// their gradients (16 rows x 16 features x 4 bytes), the group the sum; the loss summed over
+// the stages is an all_reduce of one double over pp; on each rank and step each group's
+// sequence numbers run 0, 1, 2, ... in time order.
+void check_communication_args(json const& ev, std::vector<std::size_t> const& parameters) {
+  std::map<std::tuple<int, double, std::string>, std::vector<std::pair<double, std::int64_t>>>
+      seqs; // (rank, step start, group) -> (time, seq)
+  std::map<int, std::vector<std::pair<double, double>>> step_spans;
+  for (auto const& e : ev)
+    if (e.value("ph", "") == "X" && e.value("cat", "") == "step")
+      step_spans[e["pid"].get<int>()].push_back(
+          {e["ts"].get<double>(), e["ts"].get<double>() + e["dur"].get<double>()});
+  std::map<std::pair<int, double>, std::size_t> bucket_bytes;
+  std::size_t groups = 0, losses = 0;
+  for (auto const& e : ev) {
+    if (e.value("ph", "") != "X" || e.value("cat", "") == "step" || !e["args"].contains("call"))
+      continue;
+    int const pid = e["pid"].get<int>();
+    double const ts = e["ts"].get<double>();
+    double step = -1;
+    for (auto const& [b, end] : step_spans[pid])
+      if (ts >= b && ts <= end)
+        step = b;
+    REQUIRE(step >= 0);
+    auto const& a = e["args"];
+    std::string const name = e["name"].get<std::string>(), call = a["call"], group = a["group"];
+    INFO(name << " on rank " << pid);
+    seqs[{pid, step, group}].push_back({ts, a["seq"].get<std::int64_t>()});
+    if (name == "data_parallel:bucket") {
+      CHECK(call == "all_reduce");
+      CHECK(group == "dp");
+      bucket_bytes[{pid, step}] += a["bytes"].get<std::size_t>();
+    } else if (name == "pipeline_parallel:transfers") {
+      ++groups;
+      CHECK(call == "send_recv");
+      CHECK(group == "pp");
+      std::size_t sum = 0;
+      for (auto const& t : a["transfers"]) {
+        CHECK(t["peer"].get<int>() == pid % 2 + 2 * t["peer_stage"].get<int>());
+        CHECK(t["peer"].get<int>() != pid);
+        CHECK(t["bytes"].get<std::size_t>() == 16 * 16 * sizeof(float));
+        sum += t["bytes"].get<std::size_t>();
+      }
+      CHECK(a["bytes"].get<std::size_t>() == sum);
+    } else if (name == "pipeline_parallel:loss") {
+      ++losses;
+      CHECK(call == "all_reduce");
+      CHECK(group == "pp");
+      CHECK(a["bytes"].get<std::size_t>() == sizeof(double));
+    }
+  }
+  CHECK(groups > 0);
+  CHECK(losses == 8); // 2 steps x 4 ranks
+  CHECK(bucket_bytes.size() == 8);
+  for (auto const& [key, bytes] : bucket_bytes)
+    CHECK(bytes >= parameters[static_cast<std::size_t>(key.first)] * sizeof(float));
+  for (auto& [key, v] : seqs) {
+    std::sort(v.begin(), v.end());
+    for (std::size_t i = 0; i < v.size(); ++i)
+      CHECK(v[i].second == static_cast<std::int64_t>(i));
+  }
+}
+
 } // namespace
 
 TEST_CASE("Chrome trace of dp 2 x pp 2 (1F1B) on 4 ranks: parses, every rank, lanes nest, flows "
@@ -209,6 +281,7 @@ TEST_CASE("Chrome trace of dp 2 x pp 2 (1F1B) on 4 ranks: parses, every rank, la
       {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
   std::mutex mu;
   std::vector<std::size_t> cycles(4, 0);
+  std::vector<std::size_t> parameters(4, 0);
   st::comm::local::run(4, [&](st::comm::local::communicator& world) {
     st::comm::mesh mesh(world, {.dp = 2, .pp = 2});
     st::trainer<st::models::gpt_model<float>, plan> t(
@@ -221,6 +294,7 @@ TEST_CASE("Chrome trace of dp 2 x pp 2 (1F1B) on 4 ranks: parses, every rank, la
           sp::write_chrome_trace(p, dir / ("rank" + std::to_string(r) + ".json"));
           std::lock_guard lock(mu);
           ++cycles[static_cast<std::size_t>(r)];
+          parameters[static_cast<std::size_t>(r)] = t.parameter_count();
         },
         sp::process_of(mesh));
     auto const d = static_cast<std::size_t>(mesh.coords().dp);
@@ -259,6 +333,7 @@ TEST_CASE("Chrome trace of dp 2 x pp 2 (1F1B) on 4 ranks: parses, every rank, la
   // stage pair and dp replica: 2 x 2 x 2 x 2 = 16 sends; every rank starts collectives
   CHECK(sends == 16);
   CHECK(collectives > 0);
+  check_communication_args(ev, parameters);
   INFO(partial_overlap(ev));
   CHECK(partial_overlap(ev).empty());
   INFO(unpaired_flow(ev));
@@ -287,6 +362,65 @@ TEST_CASE("Chrome trace of dp 2 x pp 2 (1F1B) on 4 ranks: parses, every rank, la
   }
   CHECK_FALSE(unpaired_flow(dropped).empty());
   fs::remove_all(dir);
+}
+
+TEST_CASE("Chrome trace arguments of ZeRO-1 and ZeRO-3 on 2 ranks: every reduce-scatter and "
+          "all-gather with its group, bytes and sequence number",
+          "[profile][trace]") {
+  auto run = [](auto plan_tag, std::string const& gather) {
+    using plan = typename decltype(plan_tag)::type;
+    std::uint64_t const seed = st::test::seed();
+    st::models::gpt_model<float> const model{
+        {.vocab = 40, .seq = 8, .features = 16, .heads = 4, .layers = 2}};
+    std::vector<json> events(2);
+    std::vector<std::size_t> segments(2, 0); // the segments' elements, padding included
+    st::comm::local::run(2, [&](st::comm::local::communicator& world) {
+      st::comm::mesh mesh(world, {.dp = 2});
+      st::trainer<st::models::gpt_model<float>, plan> t(
+          mesh, model, st::engine::use<st::optim::adamw<float>>({}),
+          {.lr = st::test::constant_lr(1e-3), .seed = seed});
+      auto const r = static_cast<std::size_t>(world.rank());
+      sp::profiler prof({.active = 1, .repeat = 1},
+                        [&](sp::profiler& p) { events[r] = sp::chrome_events(p); });
+      auto const data = st::test::make_parity_data(model, {.sequences = 4, .seq = 8}, seed);
+      (void)t.step(data.slice(r * 2, 2, 8, 0));
+      prof.step(t);
+      for (auto const& g : t.state().flat().segments)
+        segments[r] += g.size;
+    });
+    for (std::size_t r = 0; r < 2; ++r) {
+      INFO("rank " << r << ", " << gather);
+      std::map<std::string, std::size_t> bytes; // by call
+      std::map<std::string, std::int64_t> next; // by group
+      std::size_t loss = 0;
+      for (auto const& e : events[r]) {
+        if (e.value("ph", "") != "X" || !e["args"].contains("call"))
+          continue;
+        auto const& a = e["args"];
+        std::string const name = e["name"];
+        CHECK(a["group"] == "dp");
+        CHECK(a["seq"].get<std::int64_t>() == next[a["group"]]++); // events in program order
+        bytes[a["call"]] += a["bytes"].get<std::size_t>();
+        if (name == "sharded:reduce")
+          CHECK(a["call"] == "reduce_scatter");
+        else if (name == gather)
+          CHECK(a["call"] == "all_gather");
+        else if (name == "sharded:loss")
+          loss += a["call"] == "all_reduce" && a["bytes"].get<std::size_t>() >= sizeof(double);
+      }
+      CHECK(loss == 1);
+      // one micro-batch: every segment reduce-scattered once, in f32; gathered once after the
+      // update (ZeRO-1), or before each use (ZeRO-3: its forward and its backward)
+      REQUIRE(segments[r] > 0);
+      CHECK(bytes["reduce_scatter"] == segments[r] * sizeof(float));
+      if (gather == "sharded:gather_param")
+        CHECK(bytes["all_gather"] == segments[r] * sizeof(float));
+      else
+        CHECK(bytes["all_gather"] >= segments[r] * sizeof(float));
+    }
+  };
+  run(std::type_identity<st::plan<st::sharded<st::zero<1>>>>{}, "sharded:gather_param");
+  run(std::type_identity<st::plan<st::sharded<st::zero<3>>>>{}, "sharded:gather");
 }
 
 TEST_CASE("timers: the (min, max) block over ranks at the log interval only", "[profile][timers]") {

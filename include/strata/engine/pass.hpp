@@ -42,13 +42,25 @@ namespace strata::engine {
 /// the current one in execution order, the last micro-batch, the next unit to gather.
 /// A point-to-point transfer an operation carries, as the profiler's trace draws it: the peer
 /// (a rank of the pass's group), the direction, what moves (activations or their gradients),
-/// the micro-batch and the chunk.
+/// the micro-batch, the chunk and the bytes (at the last step's batch shape; 0: unknown).
 struct transfer_note {
   int peer = 0;
   bool send = false;
   bool grad = false;
   std::uint32_t micro_batch = 0;
   std::uint16_t chunk = 0;
+  std::size_t bytes = 0;
+};
+
+/// The communication an operation starts or runs, as the profiler's trace labels it: the
+/// call ("all_reduce", "reduce_scatter", "all_gather", "send_recv": a pipeline group of sends
+/// and receives), the mesh axis of its group ("dp", "tp", "pp") and its size in bytes as
+/// nccl-tests counts it (the buffer all-reduced, the whole buffer reduce-scattered or
+/// gathered, a group's transfers summed).
+struct comm_note {
+  std::string_view call;
+  std::string_view group;
+  std::size_t bytes = 0;
 };
 
 template <class T, class Device = host>
@@ -78,6 +90,10 @@ public:
   /// The transfers a training-program operation of this pass carries (profile::profiler's
   /// trace draws an arrow from each send to its receive); none by default.
   virtual void transfers(op const&, std::vector<transfer_note>&) const {}
+  /// The communication a training-program operation of this pass starts or runs (a wait
+  /// runs none of its own), for the trace's arguments: fills `out` and returns true; false
+  /// by default.
+  virtual bool communication(op const&, comm_note& /*out*/) const { return false; }
 };
 
 } // namespace strata::engine

@@ -221,6 +221,18 @@ public:
     p.ops.push_back(engine::pass_op(engine::op_code::collective, id, 0, k_loss));
   }
 
+  bool communication(engine::op const& o, engine::comm_note& out) const override {
+    if (o.code != engine::op_code::collective)
+      return false;
+    if (o.kind == k_loss)
+      out = {"all_reduce", "dp", sizeof(double)};
+    else if (o.kind == k_bucket && o.arg < buckets_.size())
+      out = {"all_reduce", "dp", (buckets_[o.arg].end - buckets_[o.arg].begin) * sizeof(R)};
+    else
+      return false;
+    return true;
+  }
+
   void run(engine::op const& o, engine::state<T, Device>& s) override {
     if (o.kind == k_loss) { // forward-only: average the loss over the replicas
       dp_->all_reduce(s.reductions().loss(), comm::reduce_op::avg);

@@ -142,6 +142,7 @@ public:
   }
 
   void configure(engine::state<T, Device>& s) override {
+    state_ = &s;
     // Every stage owns other parameters: the squared norms add up over the stages.
     s.reductions().add_norm_group(
         [this](double& sq) { pp_->all_reduce(std::span<double>(&sq, 1), comm::reduce_op::sum); });
@@ -168,7 +169,20 @@ public:
     if (o.code != engine::op_code::send || o.kind == k_loss || o.arg >= train_groups_.size())
       return;
     for (transfer const& t : train_groups_[o.arg].ops)
-      out.push_back({t.peer, t.send, t.grad, t.micro_batch, t.chunk});
+      out.push_back({t.peer, t.send, t.grad, t.micro_batch, t.chunk, bytes_of(t)});
+  }
+
+  bool communication(engine::op const& o, engine::comm_note& out) const override {
+    if (o.kind == k_loss) {
+      out = {"all_reduce", "pp", sizeof(double)};
+      return true;
+    }
+    if (o.code != engine::op_code::send || o.arg >= train_groups_.size())
+      return false;
+    out = {"send_recv", "pp", 0};
+    for (transfer const& t : train_groups_[o.arg].ops)
+      out.bytes += bytes_of(t);
+    return true;
   }
 
   void run(engine::op const& o, engine::state<T, Device>& s) override {
@@ -237,6 +251,17 @@ private:
     std::vector<transfer> ops;
     bool headers = false; // some transfer carries a count header
   };
+
+  // A transfer's payload at the last step's batch shape: the chunk's output (an activation
+  // sent, a gradient received) or its input (an activation received, a gradient sent).
+  std::size_t bytes_of(transfer const& t) const noexcept {
+    if (!state_ || t.chunk >= state_->model().chunks.size())
+      return 0;
+    auto const& c = state_->model().chunks[t.chunk];
+    auto const& layers = state_->model().layers;
+    return sizeof(T) * (t.send != t.grad ? state_->rows_out(c.last) * layers[c.last].out
+                                         : state_->rows_in(c.first) * layers[c.first].in);
+  }
 
   // Stages of one replica must run batches of one size: a stage fed another batch would send
   // activations of another shape. Each stage sends its sequence count (8 bytes) ahead of its
@@ -323,6 +348,7 @@ private:
   }
 
   C* pp_;
+  engine::state<T, Device> const* state_ = nullptr;
   plan_descriptor::pipeline_desc d_;
   schedule_table table_, eval_table_;
   std::vector<transfer_group> train_groups_, eval_groups_;

@@ -6,12 +6,15 @@
 // (ph "X", microseconds) on three lanes (threads): compute (forward, loss, backward, the
 // optimizer, ...), collectives (a collective's start, waits, ZeRO-3's gathers) and pipeline
 // transfers; the operations of a rank run one after another, so each lane's events nest
-// (none overlaps another partly). Each recorded step is a "ProfilerStep#N" span on the compute
-// lane around its operations. Flow arrows: from each collective's start to the next wait of
-// the same pass on that rank, and from each pipeline send to its receive on the peer rank
-// (matched by step, data- and tensor-parallel coordinates, the two stages, the micro-batch,
-// the direction and the occurrence). Times are the steady clock's, less the rank's offset from
-// rank 0 (profile::process_of), so a merged file lines the ranks up.
+// (none overlaps another partly). Each event's args: the operation, its index, layer,
+// micro-batch, chunk and argument; a communication's call, group (the mesh axis), bytes and
+// sequence number in its group; a pipeline group's transfers with each peer's rank and bytes. Each
+// recorded step is a "ProfilerStep#N" span on the compute lane around its operations. Flow arrows:
+// from each collective's start to the next wait of the same pass on that rank, and from each
+// pipeline send to its receive on the peer rank (matched by step, data- and tensor-parallel
+// coordinates, the two stages, the micro-batch, the direction and the occurrence). Times are the
+// steady clock's, less the rank's offset from rank 0 (profile::process_of), so a merged file lines
+// the ranks up.
 #pragma once
 
 #include <strata/core/error.hpp>
@@ -112,14 +115,22 @@ inline nlohmann::json chrome_events(profiler const& p) {
                    {"arg", o.arg}};
       if (o.owner != engine::engine_owner)
         args["pass"] = p.name_of(r.index);
+      if (auto const& c = p.communication_of(r.index); c.seq >= 0) {
+        args["call"] = std::string(c.call);
+        args["group"] = std::string(c.group);
+        args["bytes"] = c.bytes;
+        args["seq"] = c.seq;
+      }
       if (auto const tr = p.transfers_of(r.index); !tr.empty()) {
         json list = json::array();
-        for (auto const& t : tr) // the peer as a stage of this rank's pipeline
+        for (auto const& t : tr) // the peer as a stage of this rank's pipeline, and its rank
           list.push_back({{"direction", t.send ? "send" : "recv"},
                           {"peer_stage", t.peer},
+                          {"peer", pi.rank + (t.peer - pi.coords.pp) * pi.shape.dp * pi.shape.tp},
                           {"what", t.grad ? "gradient" : "activation"},
                           {"micro_batch", t.micro_batch},
-                          {"chunk", t.chunk}});
+                          {"chunk", t.chunk},
+                          {"bytes", t.bytes}});
         args["transfers"] = std::move(list);
       }
       ev.push_back({{"ph", "X"},

@@ -24,8 +24,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -66,6 +68,15 @@ struct recorded_op {
   std::int64_t begin_ns = 0, end_ns = 0;
 };
 
+/// The communication an operation of the program starts or runs (engine::comm_note), with
+/// its sequence number: its place, counted from 0 in program order, among the program's
+/// described calls on its group (seq -1: the operation communicates nothing it describes).
+struct comm_info {
+  std::string_view call, group;
+  std::size_t bytes = 0;
+  std::int64_t seq = -1;
+};
+
 /// A recorded step: its number (the profiler's step_num when it ran), its span, and its
 /// operations (ops()[first, first + count)).
 struct recorded_step {
@@ -86,7 +97,8 @@ public:
 
   /// Called after each training step (torch's prof.step()): records the step just run when
   /// the schedule says so, hands a finished cycle to on_trace_ready, and moves to the next
-  /// step. Trainer: strata's host trainer (its trace(), program(), op_name(), op_transfers()).
+  /// step. Trainer: strata's host trainer (its trace(), program(), op_name(), op_transfers(),
+  /// passes()).
   template <class Trainer>
   void step(Trainer const& t) {
     if (current_ != action::none) {
@@ -119,6 +131,7 @@ public:
   std::span<engine::transfer_note const> transfers_of(std::uint32_t index) const {
     return transfers_.at(index);
   }
+  comm_info const& communication_of(std::uint32_t index) const { return comms_.at(index); }
   process_info const& process() const noexcept { return process_; }
   /// How many cycles have been handed to on_trace_ready.
   std::size_t traces_delivered() const noexcept { return delivered_; }
@@ -132,9 +145,15 @@ private:
       program_.assign(ops.begin(), ops.end());
       names_.clear();
       transfers_.assign(ops.size(), {});
+      comms_.assign(ops.size(), {});
+      std::map<std::string_view, std::int64_t> next_seq; // by group
       for (std::size_t i = 0; i < ops.size(); ++i) {
         names_.push_back(t.op_name(ops[i]));
         t.op_transfers(ops[i], transfers_[i]);
+        engine::comm_note n;
+        if (ops[i].owner != engine::engine_owner &&
+            t.passes()[ops[i].owner]->communication(ops[i], n))
+          comms_[i] = {n.call, n.group, n.bytes, next_seq[n.group]++};
       }
     }
     std::size_t const want = static_cast<std::size_t>(schedule_.active);
@@ -173,6 +192,7 @@ private:
   std::vector<engine::op> program_;
   std::vector<std::string> names_;
   std::vector<std::vector<engine::transfer_note>> transfers_;
+  std::vector<comm_info> comms_;
 };
 
 } // namespace strata::profile

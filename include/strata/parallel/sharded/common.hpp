@@ -204,6 +204,27 @@ public:
 
   void abort() noexcept override { drop_all(param_requests_); }
 
+  /// The loss's all-reduce, the parameters' all-gathers (stages 1, 2: after the update; 3:
+  /// a unit's gather) and the gradients' reduce-scatters, each over the dp group.
+  bool communication(engine::op const& o, engine::comm_note& out) const override {
+    std::size_t const seg =
+        state_ && o.arg < state_->flat().segments.size() ? state_->flat().segments[o.arg].size : 0;
+    switch (static_cast<kind>(o.kind)) {
+    case k_loss:
+      out = {"all_reduce", "dp", loss_count_.size() * sizeof(double)};
+      return true;
+    case k_gather_param:
+    case k_gather:
+      out = {"all_gather", "dp", seg * sizeof(T)};
+      return true;
+    case k_reduce:
+      out = {"reduce_scatter", "dp", seg * sizeof(R)};
+      return true;
+    default:
+      return false;
+    }
+  }
+
 protected:
   static constexpr bool widen = !std::is_same_v<R, T>;
   using rs_request = decltype(std::declval<C&>().reduce_scatter_async(
