@@ -9,14 +9,10 @@
 // 1 when a check failed; 2 a wrong command line. docs/report.md describes every check.
 #include <strata/core/build_info.hpp>
 #include <strata/profile/environment.hpp>
+#include <strata/profile/machine.hpp>
 
 #include <nlohmann/json.hpp>
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,8 +41,6 @@
 #ifndef STRATA_PROJECT_VERSION
 #define STRATA_PROJECT_VERSION ""
 #endif
-
-extern char** environ;
 
 namespace {
 
@@ -145,38 +139,6 @@ void read_nccl(sp::readings& r) {
 #endif
 }
 
-void read_shm(sp::readings& r) {
-  struct statvfs s {};
-  if (statvfs("/dev/shm", &s) != 0)
-    return;
-  r.shm.present = true;
-  r.shm.writable = access("/dev/shm", W_OK) == 0;
-  r.shm.total_bytes = static_cast<std::uint64_t>(s.f_blocks) * s.f_frsize;
-  r.shm.free_bytes = static_cast<std::uint64_t>(s.f_bavail) * s.f_frsize;
-}
-
-void read_interfaces(sp::readings& r) {
-  ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0)
-    return;
-  std::map<std::string, sp::interface_info> by_name;
-  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
-    auto& i = by_name[a->ifa_name];
-    i.name = a->ifa_name;
-    i.up = i.up || (a->ifa_flags & IFF_UP) != 0;
-    i.loopback = i.loopback || (a->ifa_flags & IFF_LOOPBACK) != 0;
-    if (a->ifa_addr != nullptr && a->ifa_addr->sa_family == AF_INET) {
-      char buf[INET_ADDRSTRLEN] = {};
-      auto const* in = reinterpret_cast<sockaddr_in const*>(a->ifa_addr);
-      if (inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf) != nullptr)
-        i.ipv4.emplace_back(buf);
-    }
-  }
-  freeifaddrs(list);
-  for (auto& [name, i] : by_name)
-    r.interfaces.push_back(std::move(i));
-}
-
 sp::readings read_machine() {
   sp::readings r;
   auto const facts = strata::build_facts::of_this_build();
@@ -196,17 +158,12 @@ sp::readings read_machine() {
   r.cpuinfo = read_file("/proc/cpuinfo");
   r.hardware_threads = std::thread::hardware_concurrency();
   r.meminfo = read_file("/proc/meminfo");
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string const kv(*e);
-    auto const eq = kv.find('=');
-    if (eq != std::string::npos)
-      r.env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
-  }
+  sp::read_environment(r);
   read_mpi(r);
   read_cuda(r);
   read_nccl(r);
-  read_shm(r);
-  read_interfaces(r);
+  sp::read_shm(r);
+  sp::read_interfaces(r);
   return r;
 }
 

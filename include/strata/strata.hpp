@@ -77,6 +77,9 @@
 
 #include <strata/train/trainer.hpp>
 
+// Installs the NCCL error hook that lists this host's likely causes (docs/troubleshooting.md).
+#include <strata/profile/troubleshoot.hpp>
+
 #include <strata/models/gpt.hpp>
 #include <strata/models/mlp.hpp>
 #include <strata/models/static_gpt.hpp>

@@ -47,13 +47,15 @@ public:
       throw allocation_error("strata: a buffer of " + std::to_string(count) + " elements of " +
                              std::to_string(sizeof(T)) + " bytes (" + std::string(name_of(kind)) +
                              ") overflows size_t: the count is likely wrong");
+    ledger.check_capacity(kind, count * sizeof(T));
     try {
       data_ = static_cast<T*>(Device::allocate(count * sizeof(T)));
     } catch (allocation_error const& e) {
       throw allocation_error(
           std::string(e.what()) + " [" + std::string(name_of(kind)) + "; ledger \"" +
-          ledger.label() + "\" holds " + std::to_string(ledger.current()) + " bytes, of them " +
-          std::to_string(ledger.current(kind)) + " " + std::string(name_of(kind)) + "]");
+              ledger.label() + "\" holds " + std::to_string(ledger.current()) + " bytes, of them " +
+              std::to_string(ledger.current(kind)) + " " + std::string(name_of(kind)) + "]",
+          count * sizeof(T), static_cast<int>(kind));
     }
     ledger.record_allocate(kind, count * sizeof(T));
   }

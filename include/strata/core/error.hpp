@@ -1,6 +1,7 @@
 // The exception hierarchy of strata: every error the library throws derives from strata::error.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,18 @@ public:
 class allocation_error : public error {
 public:
   using error::error;
+  /// With the request: its bytes and its memory_kind (as an integer: core/memory.hpp's enum
+  /// sits above this header).
+  allocation_error(std::string const& what, std::size_t bytes, int kind)
+      : error(what), bytes_(bytes), kind_(kind) {}
+  /// The bytes the failed allocation asked for (0: not known).
+  std::size_t requested_bytes() const noexcept { return bytes_; }
+  /// Its memory_kind as an integer, -1 when not known.
+  int requested_kind() const noexcept { return kind_; }
+
+private:
+  std::size_t bytes_ = 0;
+  int kind_ = -1;
 };
 
 /// A tensor shape, stride or index range that does not fit: a rank above the limit, a slice

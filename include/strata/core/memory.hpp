@@ -1,6 +1,9 @@
 // Memory accounting of one rank: current and peak bytes by kind, and an allocation counter.
 #pragma once
 
+#include <strata/core/error.hpp>
+
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cassert>
@@ -88,6 +91,43 @@ public:
   /// Frees recorded since construction.
   std::uint64_t frees() const noexcept { return frees_.load(std::memory_order_relaxed); }
 
+  /// The bytes this rank may hold in this ledger's memory, all kinds together: 0 (the default)
+  /// for no limit. A buffer accounted here throws allocation_error, as a full device would,
+  /// when its bytes would take the total past it: torch.cuda.set_per_process_memory_fraction's
+  /// role, and how a host run shows what a smaller device would hold.
+  void set_capacity(std::size_t bytes) noexcept {
+    capacity_.store(bytes, std::memory_order_relaxed);
+  }
+  std::size_t capacity() const noexcept { return capacity_.load(std::memory_order_relaxed); }
+  /// Throws allocation_error when `bytes` more of kind k would take the total past the
+  /// capacity (nothing is recorded); buffers call it before they allocate.
+  void check_capacity(memory_kind k, std::size_t bytes) const {
+    std::size_t const cap = capacity();
+    if (cap == 0 || bytes <= cap - std::min(cap, current()))
+      return;
+    throw allocation_error("strata: an allocation of " + bytes_text(bytes) + " (" +
+                               std::string(name_of(k)) + ") on \"" + label_ + "\" does not fit: " +
+                               bytes_text(current()) + " held of a capacity of " + bytes_text(cap),
+                           bytes, static_cast<int>(k));
+  }
+
+  /// "4194304 B (4.00 MiB)": the report's way of writing bytes.
+  static std::string bytes_text(std::size_t bytes) {
+    constexpr std::array<char const*, 5> units{"B", "KiB", "MiB", "GiB", "TiB"};
+    double scaled = static_cast<double>(bytes);
+    std::size_t unit = 0;
+    while (scaled >= 1024.0 && unit + 1 < units.size()) {
+      scaled /= 1024.0;
+      ++unit;
+    }
+    char text[64];
+    if (unit == 0)
+      std::snprintf(text, sizeof text, "%zu B", bytes);
+    else
+      std::snprintf(text, sizeof text, "%zu B (%.2f %s)", bytes, scaled, units[unit]);
+    return text;
+  }
+
   /// Sets every peak to the current value, e.g. to measure the peak of one step.
   void reset_peaks() noexcept {
     for (auto& c : kinds_)
@@ -129,21 +169,6 @@ private:
     while (value > seen && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
     }
   }
-  static std::string bytes_text(std::size_t bytes) {
-    constexpr std::array<char const*, 5> units{"B", "KiB", "MiB", "GiB", "TiB"};
-    double scaled = static_cast<double>(bytes);
-    std::size_t unit = 0;
-    while (scaled >= 1024.0 && unit + 1 < units.size()) {
-      scaled /= 1024.0;
-      ++unit;
-    }
-    char text[64];
-    if (unit == 0)
-      std::snprintf(text, sizeof text, "%zu B", bytes);
-    else
-      std::snprintf(text, sizeof text, "%zu B (%.2f %s)", bytes, scaled, units[unit]);
-    return text;
-  }
   static std::string line(std::string_view kind, std::string_view current, std::string_view peak) {
     char text[160];
     std::snprintf(text, sizeof text, "  %-16.*s %28.*s %28.*s\n", static_cast<int>(kind.size()),
@@ -157,6 +182,7 @@ private:
   counter total_{};
   std::atomic<std::uint64_t> allocations_{0};
   std::atomic<std::uint64_t> frees_{0};
+  std::atomic<std::size_t> capacity_{0};
 };
 
 namespace detail {

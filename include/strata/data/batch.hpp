@@ -21,6 +21,9 @@ struct token_batch {
   std::uint64_t index = 0;               ///< which global batch of its epoch, from 0
   /// One loss weight per row (loader_options::mask_input_id), empty: every row counts.
   std::span<float const> loss_mask{};
+  /// The seed of the sampler order the batch comes from (sampler_options::seed): the same on
+  /// every data-parallel rank of a job (the trainer checks it at its first step).
+  std::uint64_t seed = 0;
 
   /// B*T: the rows a model sees.
   std::size_t rows() const noexcept { return sequences * seq; }
@@ -48,6 +51,9 @@ struct feature_batch {
   std::uint64_t index = 0;               ///< which global batch of its epoch, from 0
   /// One loss weight per row (loader_options::mask_input_id), empty: every row counts.
   std::span<float const> loss_mask{};
+  /// The seed of the sampler order the batch comes from (sampler_options::seed): the same on
+  /// every data-parallel rank of a job (the trainer checks it at its first step).
+  std::uint64_t seed = 0;
 
   /// B: the rows a model sees.
   std::size_t rows() const noexcept { return sequences * seq; }

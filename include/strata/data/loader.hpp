@@ -184,7 +184,9 @@ public:
     for (std::size_t s = 0; s < n; ++s)
       slots_.read(*ds_, s, sampler_.next());
     ++batches_;
-    return slots_.view(n, sampler_.epoch(), before / global_batch());
+    batch_type out = slots_.view(n, sampler_.epoch(), before / global_batch());
+    out.seed = sampler_.options().seed;
+    return out;
   }
 
   /// Batches in each whole epoch of this rank: per_rank() / batch, rounded down (drop_last)

@@ -32,6 +32,7 @@
 #include <strata/optim/loss_scaler.hpp>
 #include <strata/optim/state.hpp>
 #include <strata/policy/precision_pass.hpp>
+#include <strata/train/detectors.hpp>
 #if defined(__CUDACC__)
 // nvcc compiles the device trainer, not the host trainer (its front end refuses trainer.hpp):
 // a .cu file saving a device trainer sees the host trainer's declaration only.
@@ -392,6 +393,14 @@ save_job prepare_save(Trainer& t, world_ops const& w, std::filesystem::path cons
                  {"values_dtype", std::string(safetensors::name_of(safetensors::dtype_of<T>))},
                  {"layout",
                   {{"world", w.size}, {"dp", w.shape.dp}, {"tp", w.shape.tp}, {"pp", w.shape.pp}}}};
+    // Where the learning rate was set: the global batch and learning rate of the last step
+    // (a trainer that loads with another global batch and the same rate is warned).
+    if constexpr (requires { t.last_global_batch(); }) {
+      if (t.last_global_batch() > 0 && v.applied_steps > 0)
+        job.index["lr_reference"] = {{"global_batch", t.last_global_batch()},
+                                     {"data_parallel", t.data_parallel_size()},
+                                     {"lr", t.options().lr(v.applied_steps)}};
+    }
     if (auto const* sc = scaler_of(t)) {
       auto const st = sc->state();
       job.index["loss_scaler"] = {{"scale", st.scale},
@@ -758,6 +767,13 @@ std::int64_t load(Trainer& t, world_ops const& w, checkpoint_dir const& c) {
   auto& v = t.state().values();
   v.step = in.index().at("step").get<std::int64_t>();
   v.applied_steps = in.index().at("applied_steps").get<std::int64_t>();
+  if constexpr (requires { t.note_lr_reference(detectors::lr_reference{}); }) {
+    if (in.index().contains("lr_reference")) {
+      auto const& j = in.index().at("lr_reference");
+      t.note_lr_reference({j.at("global_batch").get<std::int64_t>(),
+                           j.at("data_parallel").get<int>(), v.step, j.at("lr").get<double>()});
+    }
+  }
   w.barrier();
   return v.step;
 }

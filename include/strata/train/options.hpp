@@ -46,6 +46,18 @@ struct trainer_options {
   /// host (the communicator's ranks in this process, or LOCAL_WORLD_SIZE /
   /// OMPI_COMM_WORLD_LOCAL_SIZE under a launcher), at least 1.
   std::size_t threads = 0;
+  /// The bytes this rank's ledger may hold, all kinds together (memory_ledger::set_capacity):
+  /// past it an allocation throws allocation_error as a full device would, with the
+  /// out-of-memory advice. torch.cuda.set_per_process_memory_fraction's role; on the host it
+  /// shows what a smaller device would hold. 0: no limit.
+  std::size_t memory_capacity = 0;
+  /// The troubleshooting detectors that look at the batches (docs/troubleshooting.md): at the
+  /// first step, one all_gather of 5 integers a rank over the dp group compares the ranks'
+  /// batches (the same samples on several ranks; samplers with different seeds; ranks at
+  /// different places of the data), and a loader's batches are watched for an epoch that does
+  /// not advance. Each finding is a warning (core/warning.hpp), said once by world rank 0. The
+  /// same on every rank (the check is collective).
+  bool detectors = true;
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel

@@ -67,25 +67,31 @@ inline bool same_build(build_facts const& a, build_facts const& b) noexcept {
 } // namespace detail
 
 /// Compares this rank's build of strata (`mine`: this translation unit's by default) with every
-/// other rank's of `world`: one all_gather of build_facts::fields integers. Collective: every
-/// rank of `world` must call it. The reference is the build most ranks run (rank 0's on a tie);
-/// on a difference every rank throws the same config_error naming each rank that differs and
-/// what differs (version, options, compiler, layout). Allocates one vector of
-/// fields * size() integers; the trainer calls it once, at construction.
+/// other rank's of `world`: one all_gather of build_facts::fields + 1 integers. Collective:
+/// every rank of `world` must call it. The reference is the build most ranks run (rank 0's on
+/// a tie); on a difference every rank throws the same config_error naming each rank that
+/// differs and what differs (version, options, compiler, layout). With the same build, the
+/// ranks' `seed` (the trainer's trainer_options::seed, from which every rank initialises its
+/// parameters and dropout) must be equal too: else every rank throws a config_error naming
+/// each rank's seed. Allocates one vector of (fields + 1) * size() integers; the trainer calls
+/// it once, at construction.
 template <comm::communicator C>
-void preflight(C& world, build_facts const& mine = build_facts::of_this_build()) {
+void preflight(C& world, build_facts const& mine = build_facts::of_this_build(),
+               std::uint64_t seed = 0) {
   int const n = world.size();
   if (n <= 1)
     return;
   constexpr std::size_t k = build_facts::fields;
-  // The order is the struct's and stays so in every version: magic and version first.
-  std::int64_t const send[k] = {mine.magic,  mine.version, mine.options,  mine.compiler,
-                                mine.layout, mine.library, mine.standard, mine.hash};
-  std::vector<std::int64_t> all(k * static_cast<std::size_t>(n));
-  world.all_gather(std::span<std::int64_t const>(send, k), std::span<std::int64_t>(all));
+  // The order is the struct's and stays so in every version: magic and version first; the
+  // seed after the build's fields.
+  std::int64_t const send[k + 1] = {mine.magic,    mine.version, mine.options,
+                                    mine.compiler, mine.layout,  mine.library,
+                                    mine.standard, mine.hash,    static_cast<std::int64_t>(seed)};
+  std::vector<std::int64_t> all((k + 1) * static_cast<std::size_t>(n));
+  world.all_gather(std::span<std::int64_t const>(send, k + 1), std::span<std::int64_t>(all));
   std::vector<build_facts> facts(static_cast<std::size_t>(n));
   for (int r = 0; r < n; ++r) {
-    auto const* p = all.data() + k * static_cast<std::size_t>(r);
+    auto const* p = all.data() + (k + 1) * static_cast<std::size_t>(r);
     auto& f = facts[static_cast<std::size_t>(r)];
     f.magic = p[0];
     f.version = p[1];
@@ -110,8 +116,24 @@ void preflight(C& world, build_facts const& mine = build_facts::of_this_build())
     if (2 * ref_count > n)
       break;
   }
-  if (ref_count == n)
+  if (ref_count == n) {
+    std::string seeds;
+    bool differ = false;
+    for (int r = 0; r < n; ++r) {
+      auto const s = all[(k + 1) * static_cast<std::size_t>(r) + k];
+      differ = differ || s != all[k];
+      if (r < 16)
+        seeds += (r ? ", " : "") + std::string("rank ") + std::to_string(r) + ": " +
+                 std::to_string(static_cast<std::uint64_t>(s));
+    }
+    if (differ)
+      throw config_error("strata: preflight: the ranks' trainer_options::seed differ (" + seeds +
+                         (n > 16 ? ", ..." : "") +
+                         "): each rank initialises its parameters and dropout from its seed, so "
+                         "the replicas would start from different models and never agree; give "
+                         "every rank the same seed");
     return;
+  }
   auto const& rf = facts[static_cast<std::size_t>(ref)];
   std::string diff;
   int shown = 0, differing = 0;

@@ -6,6 +6,7 @@
 #include <strata/core/error.hpp>
 #include <strata/core/memory.hpp>
 #include <strata/core/thread_pool.hpp>
+#include <strata/core/warning.hpp>
 #include <strata/data/batch.hpp>
 #include <strata/engine/batch.hpp>
 #include <strata/engine/batch_tokens.hpp>
@@ -30,6 +31,7 @@
 #include <strata/policy/accumulate_pass.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute_pass.hpp>
+#include <strata/train/detectors.hpp>
 #include <strata/train/options.hpp>
 #include <strata/train/predict.hpp>
 #include <strata/train/preflight.hpp>
@@ -111,11 +113,12 @@ public:
                   "pipeline_parallel (or another option on a mesh axis) needs a mesh: "
                   "construct the trainer with trainer(mesh, model, optimizer, options)");
     ledger_scope scope(*ledger_);
+    ledger_->set_capacity(options_.memory_capacity);
     make_pool(1);
     micro_batches_ = options_.micro_batches ? options_.micro_batches : desc_.micro_batches;
     pass_context<comm::no_comm> ctx;
     fold<comm::no_comm>(static_entries<comm::no_comm>(), ctx, {});
-    init(model, std::move(optimizer));
+    advising_on_oom([&] { init(model, std::move(optimizer)); });
   }
 
   /// On a mesh: each strategy of the plan takes its axis's group (data parallel the dp
@@ -129,10 +132,11 @@ public:
                                                     ? "rank " + std::to_string(mesh.world().rank())
                                                     : options_.label)) {
     ledger_scope scope(*ledger_);
+    ledger_->set_capacity(options_.memory_capacity);
     make_pool(ranks_on_host(mesh.world()));
     micro_batches_ = options_.micro_batches ? options_.micro_batches : desc_.micro_batches;
     bind(mesh, static_entries<C>());
-    init(model, std::move(optimizer));
+    advising_on_oom([&] { init(model, std::move(optimizer)); });
   }
 
   /// On a mesh, with the layout chosen at run time (Plan is runtime_plan<Precision,
@@ -149,16 +153,23 @@ public:
                                                     ? "rank " + std::to_string(mesh.world().rank())
                                                     : options_.label)) {
     ledger_scope scope(*ledger_);
+    ledger_->set_capacity(options_.memory_capacity);
     make_pool(ranks_on_host(mesh.world()));
     if (layout.micro_batches == 0)
       throw config_error("strata: runtime plan: 0 micro-batches: give at least 1");
     desc_.micro_batches = layout.micro_batches;
     micro_batches_ = options_.micro_batches ? options_.micro_batches : layout.micro_batches;
     auto entries = static_entries<C>();
-    for (auto const& o : layout.options)
+    for (auto const& o : layout.options) {
       entries.push_back(resolve<C>(o));
+      // What the out-of-memory advice reads of the layout (a plan<...>'s descriptor has it).
+      if (auto const* sh = std::any_cast<plan_descriptor::sharded_desc>(&o.options))
+        desc_.sharded = *sh;
+      if (auto const* rc = std::any_cast<recompute_options>(&o.options))
+        desc_.recompute = {rc->every, rc->selective, rc->offload};
+    }
     bind(mesh, std::move(entries));
-    init(model, std::move(optimizer));
+    advising_on_oom([&] { init(model, std::move(optimizer)); });
   }
 
   /// The same, with the layout as a plan descriptor (the library's options only), typically
@@ -279,8 +290,16 @@ private:
 
   template <comm::communicator C>
   void bind(comm::mesh<C>& mesh, std::vector<entry<C>> entries) {
-    // Every rank must run the same build of strata: one all_gather over the world, here only.
-    preflight(mesh.world());
+    // Every rank must run the same build of strata, with the same seed: one all_gather over the
+    // world, here only.
+    preflight(mesh.world(), build_facts::of_this_build(), options_.seed);
+    world_rank_ = mesh.world().rank();
+    if (auto& dp = mesh.dp(); dp.size() > 1) {
+      dp_size_ = dp.size();
+      dp_gather_ = [&dp](std::span<std::int64_t const> in, std::span<std::int64_t> out) {
+        dp.all_gather(in, out);
+      };
+    }
     auto const shape = mesh.shape();
     // Each mesh axis is one strategy's.
     for (std::size_t i = 0; i < entries.size(); ++i)
@@ -358,14 +377,38 @@ public:
 
   /// One optimizer step on this rank's batch: zero the gradients, forward, loss and backward
   /// of each micro-batch (gradients accumulate), clip, update.
-  step_result step(engine::batch_view<T> const& batch) {
+  step_result step(engine::batch_view<T> const& batch) { return step_on(batch, nullptr); }
+
+  /// Where this step's learning rate was set (a loaded checkpoint's step, global batch and
+  /// learning rate: io::load calls it): the next step warns once when its global batch differs
+  /// while the learning rate is the same (detectors::lr_scaling_finding).
+  void note_lr_reference(detectors::lr_reference const& r) { lr_reference_ = r; }
+  /// Samples the last step took over all data-parallel ranks (this rank's times dp); 0 before
+  /// the first step.
+  std::int64_t last_global_batch() const noexcept { return last_global_batch_; }
+  /// The data-parallel ranks (1 without data parallelism).
+  int data_parallel_size() const noexcept { return dp_size_; }
+  trainer_options const& options() const noexcept { return options_; }
+
+private:
+  step_result step_on(engine::batch_view<T> const& batch, detectors::batch_record const* origin) {
     ledger_scope scope(*ledger_);
     pool_scope threads_scope(pool_.get());
     auto& v = state_.values();
+    last_global_batch_ = static_cast<std::int64_t>(batch.sequences) * dp_size_;
+    if (!checked_first_step_)
+      first_step_checks(batch, origin);
+    if (lr_reference_) {
+      auto const finding = detectors::lr_scaling_finding(
+          *lr_reference_, last_global_batch_, dp_size_, options_.lr(v.applied_steps + 1));
+      lr_reference_.reset();
+      if (!finding.empty() && world_rank_ == 0)
+        warn(finding);
+    }
     v.training = true;
     state_.set_batch(batch, micro_batches_);
     v.step = v.step + 1;
-    exec_.run(program_, state_, passes_, trace_);
+    advising_on_oom([&] { exec_.run(program_, state_, passes_, trace_); });
     step_result r;
     r.step = v.step;
     r.loss = state_.reductions().mean_loss(micro_batches_);
@@ -386,6 +429,52 @@ public:
     return r;
   }
 
+  // The detectors that look at the first step's batch: the data-sharding check over the dp
+  // group (one all_gather of batch_record::fields integers a rank), said by world rank 0.
+  void first_step_checks(engine::batch_view<T> const& batch,
+                         detectors::batch_record const* origin) {
+    checked_first_step_ = true;
+    if (!options_.detectors || !dp_gather_)
+      return;
+    detectors::batch_record mine = origin ? *origin : detectors::batch_record{};
+    mine.fingerprint = detectors::batch_fingerprint<T>(batch.tokens, batch.features, batch.targets);
+    constexpr std::size_t k = detectors::batch_record::fields;
+    std::int64_t const send[k] = {
+        static_cast<std::int64_t>(mine.fingerprint), static_cast<std::int64_t>(mine.epoch),
+        static_cast<std::int64_t>(mine.index), static_cast<std::int64_t>(mine.seed),
+        static_cast<std::int64_t>(mine.has_origin)};
+    std::vector<std::int64_t> all(k * static_cast<std::size_t>(dp_size_));
+    dp_gather_(std::span<std::int64_t const>(send, k), std::span<std::int64_t>(all));
+    std::vector<detectors::batch_record> ranks(static_cast<std::size_t>(dp_size_));
+    for (std::size_t r = 0; r < ranks.size(); ++r) {
+      auto const* p = all.data() + k * r;
+      ranks[r] = {static_cast<std::uint64_t>(p[0]), static_cast<std::uint64_t>(p[1]),
+                  static_cast<std::uint64_t>(p[2]), static_cast<std::uint64_t>(p[3]),
+                  static_cast<std::uint64_t>(p[4])};
+    }
+    if (auto const finding = detectors::sharding_findings(ranks);
+        !finding.empty() && world_rank_ == 0)
+      warn(finding);
+  }
+
+  // Runs f; an allocation_error from it comes back with the out-of-memory advice appended (the
+  // ledger's table, the dominant kind, what recompute and each ZeRO stage would save here).
+  template <class F>
+  void advising_on_oom(F&& f) {
+    try {
+      f();
+    } catch (allocation_error const& e) {
+      detectors::memory_facts const facts{dp_size_, desc_.sharded.enabled ? desc_.sharded.stage : 0,
+                                          desc_.recompute.every, state_.model().layers.size()};
+      throw allocation_error(std::string(e.what()) + "\n" +
+                                 detectors::oom_advice(detectors::memory_reading::of(*ledger_),
+                                                       e.requested_kind(), e.requested_bytes(),
+                                                       facts),
+                             e.requested_bytes(), e.requested_kind());
+    }
+  }
+
+public:
   /// A batch of the model's own element type when the trainer runs it in a 16-bit type:
   /// features (if any) are rounded to T in a buffer the trainer keeps.
   template <class U>
@@ -399,8 +488,17 @@ public:
     return evaluate(engine::narrowed(batch, narrow_));
   }
 
-  /// One step on a loader's batch of token ids and next-token targets.
-  step_result step(data::token_batch const& b) { return step(view_of(b)); }
+  /// One step on a loader's batch of token ids and next-token targets. The batch's (epoch,
+  /// index) must move on from step to step (a detector warns once when it goes back: the epoch
+  /// did not advance).
+  step_result step(data::token_batch const& b) {
+    detectors::batch_record const origin{0, b.epoch, b.index, b.seed, 1};
+    if (options_.detectors)
+      if (auto const finding = epochs_.observe(b.epoch, b.index, state_.values().step + 1);
+          !finding.empty() && world_rank_ == 0)
+        warn(finding);
+    return step_on(view_of(b), &origin);
+  }
   double evaluate(data::token_batch const& b) { return evaluate(view_of(b)); }
 
   /// The mean loss over a batch, forward only (dropout off), in micro-batches of the
@@ -652,6 +750,7 @@ private:
     state_.ties().setup(state_.flat(), *ledger_);
     state_.set_optimizer(optimizer(state_.flat().owned_size()));
     optimizer_bytes_ = state_.optimizer().state_bytes();
+    ledger_->check_capacity(memory_kind::optimizer_state, optimizer_bytes_);
     ledger_->record_allocate(memory_kind::optimizer_state, optimizer_bytes_);
     program_ = build(micro_batches_, true);
     state_.make_slots(program_);
@@ -725,6 +824,14 @@ private:
   engine::executor<T, Device> exec_;
   engine::trace trace_, eval_trace_;
   detail::predict_links<master_type> links_; // one rank until bind() sets the mesh's groups
+  // The troubleshooting detectors (profile/troubleshoot.hpp).
+  int world_rank_ = 0;
+  int dp_size_ = 1;
+  std::function<void(std::span<std::int64_t const>, std::span<std::int64_t>)> dp_gather_;
+  bool checked_first_step_ = false;
+  detectors::epoch_watch epochs_;
+  std::optional<detectors::lr_reference> lr_reference_;
+  std::int64_t last_global_batch_ = 0;
 };
 
 } // namespace strata

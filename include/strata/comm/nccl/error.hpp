@@ -8,6 +8,7 @@
     "strata/comm/nccl needs the CUDA toolkit and NCCL: configure with STRATA_ENABLE_CUDA=ON on a machine that has them, and link CUDA::cudart and NCCL::nccl"
 #endif
 
+#include <strata/comm/detail/failure_hook.hpp>
 #include <strata/core/cuda/error.hpp>
 #include <strata/core/error.hpp>
 
@@ -45,11 +46,30 @@ namespace detail {
 ///   non-blocking communicator. ncclInProgress is accepted and left to ncclGroupEnd's check,
 ///   which completes the whole group.
 
+/// For an error that may come from the machine (system, internal, remote, unhandled CUDA): the
+/// likely causes checked on this host (profile/troubleshoot.hpp's nccl_error_causes, through
+/// the hook it installs), else a pointer to them. Empty for other errors.
+inline std::string nccl_machine_causes(ncclResult_t rc) {
+  if (rc != ncclSystemError && rc != ncclInternalError && rc != ncclRemoteError &&
+      rc != ncclUnhandledCudaError)
+    return {};
+  nccl_failure_annotator const hook = nccl_failure_hook().load(std::memory_order_acquire);
+  if (hook == nullptr)
+    return "; strata_report checks this host's /dev/shm, interfaces and driver (or include "
+           "<strata/profile/troubleshoot.hpp> to have the error list them)";
+  int driver = 0, runtime = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess)
+    driver = 0;
+  if (cudaRuntimeGetVersion(&runtime) != cudaSuccess)
+    runtime = 0;
+  return hook(driver, runtime);
+}
+
 [[noreturn]] inline void throw_nccl(ncclResult_t rc, char const* call, char const* file, int line,
                                     char const* extra = "") {
   throw nccl_error(std::string("strata: ") + call + " failed at " + file + ":" +
                    std::to_string(line) + ": " + ncclGetErrorString(rc) + extra +
-                   " (NCCL_DEBUG=INFO shows NCCL's own account)");
+                   " (NCCL_DEBUG=INFO shows NCCL's own account)" + nccl_machine_causes(rc));
 }
 
 inline void check_nccl(ncclResult_t rc, char const* call, char const* file, int line) {
@@ -81,7 +101,8 @@ inline ncclResult_t poll_nccl(ncclComm_t comm, std::chrono::steady_clock::time_p
   if (state != ncclSuccess && state != ncclInProgress)
     throw nccl_error(std::string("strata: ") + what + " failed: " + ncclGetErrorString(state) +
                      " (reported by ncclCommGetAsyncError; NCCL_DEBUG=INFO shows NCCL's own "
-                     "account)");
+                     "account)" +
+                     nccl_machine_causes(state));
   if ((state == ncclInProgress || !ready_ends_wait) &&
       std::chrono::steady_clock::now() > deadline) {
     char secs[32];
