@@ -1,14 +1,31 @@
-# Detects the optional dependencies: MPI (mpi backend), CUDA toolkit and NCCL (cuda device,
-# nccl backend), Eigen (core/eigen), OpenBLAS (the host GEMM), nlohmann_json (the checkpoint
-# files' JSON headers, strata/io). Sets STRATA_HAVE_MPI, STRATA_HAVE_CUDA, STRATA_HAVE_NCCL,
-# STRATA_HAVE_EIGEN, STRATA_HAVE_OPENBLAS, STRATA_HAVE_JSON and, when found, the imported targets
-# NCCL::nccl, Eigen3::Eigen and nlohmann_json::nlohmann_json.
+# Detects the optional dependencies: MPI (mpi backend), Gloo (gloo backend), CUDA toolkit and
+# NCCL (cuda device, nccl backend), Eigen (core/eigen), OpenBLAS (the host GEMM), nlohmann_json
+# (the checkpoint files' JSON headers, strata/io). Sets STRATA_HAVE_MPI, STRATA_HAVE_GLOO,
+# STRATA_HAVE_CUDA, STRATA_HAVE_NCCL, STRATA_HAVE_EIGEN, STRATA_HAVE_OPENBLAS, STRATA_HAVE_JSON
+# and, when found, the imported targets Gloo::gloo, NCCL::nccl, Eigen3::Eigen and
+# nlohmann_json::nlohmann_json.
 
 set(STRATA_HAVE_MPI OFF)
 if(STRATA_ENABLE_MPI)
   find_package(MPI QUIET COMPONENTS CXX)
   if(MPI_CXX_FOUND)
     set(STRATA_HAVE_MPI ON)
+  endif()
+endif()
+
+# Gloo (the gloo backend): no CMake package in Debian's libgloo-dev; a header and a library.
+set(STRATA_HAVE_GLOO OFF)
+if(STRATA_ENABLE_GLOO)
+  find_path(GLOO_INCLUDE_DIR gloo/rendezvous/context.h)
+  find_library(GLOO_LIBRARY gloo)
+  if(GLOO_INCLUDE_DIR AND GLOO_LIBRARY)
+    set(STRATA_HAVE_GLOO ON)
+    if(NOT TARGET Gloo::gloo)
+      add_library(Gloo::gloo UNKNOWN IMPORTED)
+      set_target_properties(Gloo::gloo PROPERTIES IMPORTED_LOCATION "${GLOO_LIBRARY}"
+                                                  INTERFACE_INCLUDE_DIRECTORIES "${GLOO_INCLUDE_DIR}"
+                                                  INTERFACE_LINK_LIBRARIES Threads::Threads)
+    endif()
   endif()
 endif()
 
@@ -73,6 +90,6 @@ if(nlohmann_json_FOUND)
   set(STRATA_HAVE_JSON ON)
 endif()
 
-message(STATUS "strata: MPI ${STRATA_HAVE_MPI}, CUDA ${STRATA_HAVE_CUDA} (${CUDAToolkit_VERSION}), "
+message(STATUS "strata: MPI ${STRATA_HAVE_MPI}, Gloo ${STRATA_HAVE_GLOO}, CUDA ${STRATA_HAVE_CUDA} (${CUDAToolkit_VERSION}), "
                "NCCL ${STRATA_HAVE_NCCL}, Eigen ${STRATA_HAVE_EIGEN}, OpenBLAS ${STRATA_HAVE_OPENBLAS} "
                "(${OpenBLAS_VERSION}), nlohmann_json ${STRATA_HAVE_JSON}")
