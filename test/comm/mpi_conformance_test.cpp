@@ -114,25 +114,8 @@ TEST_CASE("mpi non-blocking operations complete while the rank makes no MPI call
   });
 }
 
-TEST_CASE("mpi all_reduce gives the same bits on every rank and in every run",
-          "[comm][mpi][conformance]") {
-  on_every_rank([](sc::mpi::communicator& c) {
-    std::size_t const count = 100003;
-    std::uint64_t const key = strata::test::mix(seed(), 4321);
-    std::vector<float> in(count), a(count), b(count);
-    for (std::size_t i = 0; i < count; ++i)
-      in[i] = conf::value<float>(key, c.rank(), i) * 1e3f;
-    c.all_reduce(std::span<float const>(in), std::span<float>(a), sc::reduce_op::sum);
-    c.all_reduce(std::span<float const>(in), std::span<float>(b), sc::reduce_op::sum);
-    STRATA_CHECK(std::memcmp(a.data(), b.data(), count * sizeof(float)) == 0);
-    // Every rank's result, gathered, equals ours bit for bit.
-    std::vector<float> all(count * static_cast<std::size_t>(c.size()));
-    c.all_gather(std::span<float const>(a), std::span<float>(all));
-    for (int j = 0; j < c.size(); ++j)
-      STRATA_CHECK(std::memcmp(all.data() + static_cast<std::size_t>(j) * count, a.data(),
-                               count * sizeof(float)) == 0);
-  });
-}
+STRATA_MPI_CONFORMANCE(conf::same_bits_everywhere(c, seed()),
+                       "all_reduce gives the same bits on every rank and in every run")
 
 TEST_CASE("mpi checked mode raises comm_desync on every rank, showing every call",
           "[comm][mpi][errors]") {
