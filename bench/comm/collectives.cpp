@@ -1,12 +1,17 @@
 // strata_bench_comm: algbw and busbw (nccl-tests definitions) of the local backend's
 // collectives, beside the a[i] += b[i] loop that bounds them; under mpirun (built with MPI),
-// the MPI backend beside raw MPI calls in the same run.
+// the MPI backend beside raw MPI calls in the same run; started by strata_gloo_launch (built
+// with Gloo; RANK set, no MPI launcher), the gloo backend.
+#include "../support/launcher.hpp"
+
 #include <strata/comm/local.hpp>
 #if STRATA_BENCH_MPI
-#include "../support/launcher.hpp"
 #include "../support/mpi_timing.hpp"
 
 #include <strata/comm/mpi.hpp>
+#endif
+#if STRATA_BENCH_GLOO
+#include <strata/comm/gloo.hpp>
 #endif
 
 #include <benchmark/benchmark.h>
@@ -188,6 +193,32 @@ BENCHMARK(bm_all_reduce_vs_limit)
     ->Arg(64 << 20)
     ->UseManualTime();
 
+#if STRATA_BENCH_MPI || STRATA_BENCH_GLOO
+namespace {
+/// Registers `<backend>/<collective>/<bytes>` for every collective and size from 4 KiB to
+/// 256 MiB. Every rank must run the same number of iterations: fixed, not estimated.
+void register_backend(std::string const& backend,
+                      void (*bm)(benchmark::State&, coll, std::size_t)) {
+  struct named {
+    coll k;
+    char const* name;
+  };
+  for (named const& c :
+       {named{coll::all_reduce, "all_reduce"}, named{coll::reduce_scatter, "reduce_scatter"},
+        named{coll::all_gather, "all_gather"}, named{coll::broadcast, "broadcast"}})
+    for (std::size_t bytes = 4096; bytes <= (256u << 20); bytes *= 4) {
+      auto const iters =
+          std::clamp<std::int64_t>(static_cast<std::int64_t>((512u << 20) / bytes), 5, 400);
+      benchmark::RegisterBenchmark((backend + "/" + c.name + "/" + std::to_string(bytes)).c_str(),
+                                   [bm, k = c.k, bytes](benchmark::State& s) { bm(s, k, bytes); })
+          ->Iterations(iters)
+          ->UseManualTime();
+    }
+}
+
+} // namespace
+#endif
+
 #if STRATA_BENCH_MPI
 namespace {
 
@@ -241,41 +272,69 @@ void bm_mpi(benchmark::State& state, coll k, std::size_t bytes) {
   MPI_Comm_free(&raw);
 }
 
-void register_mpi_benchmarks() {
-  struct named {
-    coll k;
-    char const* name;
+} // namespace
+#endif
+
+#if STRATA_BENCH_GLOO
+namespace {
+
+sc::gloo::communicator* gloo_world = nullptr;
+
+/// One collective of `bytes` on the gloo backend (checked mode off, as the MPI lines): the
+/// slowest rank's time a call, between barriers.
+void bm_gloo(benchmark::State& state, coll k, std::size_t bytes) {
+  sc::gloo::communicator& c = *gloo_world;
+  auto const n = static_cast<std::size_t>(c.size());
+  std::size_t const count = bytes / sizeof(float), share = count / n;
+  std::vector<float> buf(count, 1.0f + static_cast<float>(c.rank())), out(count);
+  std::span<float> all(buf), mine = std::span<float>(out).first(share);
+  std::span<float> gathered = all.first(share * n);
+  auto timed = [&] {
+    c.barrier();
+    auto const t0 = std::chrono::steady_clock::now();
+    call(c, k, all, mine, gathered);
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    c.all_reduce(std::span<double>(&t, 1), sc::reduce_op::max);
+    return t;
   };
-  for (named const& c :
-       {named{coll::all_reduce, "all_reduce"}, named{coll::reduce_scatter, "reduce_scatter"},
-        named{coll::all_gather, "all_gather"}, named{coll::broadcast, "broadcast"}})
-    for (std::size_t bytes = 4096; bytes <= (256u << 20); bytes *= 4) {
-      // Every rank must run the same number of iterations: fixed, not estimated.
-      auto const iters =
-          std::clamp<std::int64_t>(static_cast<std::int64_t>((512u << 20) / bytes), 5, 400);
-      benchmark::RegisterBenchmark(
-          ("mpi/" + std::string(c.name) + "/" + std::to_string(bytes)).c_str(),
-          [k = c.k, bytes](benchmark::State& s) { bm_mpi(s, k, bytes); })
-          ->Iterations(iters)
-          ->UseManualTime();
-    }
+  timed();
+  double total = 0;
+  for (auto _ : state) {
+    double const t = timed();
+    total += t;
+    state.SetIterationTime(t);
+  }
+  double const per_call = total / static_cast<double>(state.iterations());
+  state.counters["busbw"] =
+      benchmark::Counter(static_cast<double>(bytes) / per_call * bus_factor(k, c.size()));
+  state.counters["ranks"] = benchmark::Counter(static_cast<double>(n));
 }
 
 } // namespace
+#endif
 
-// Under mpirun: only the MPI benchmarks (mpi/...), reported by rank 0. Otherwise: the local
-// backend's, without starting MPI.
+// Under mpirun: only the MPI benchmarks (mpi/...), reported by rank 0. Under strata_gloo_launch:
+// only the gloo ones (gloo/...), reported by rank 0. Otherwise: the local backend's.
 using strata::bench::run_benchmarks;
 using strata::bench::under_launcher;
 
 int main(int argc, char** argv) {
-  if (!under_launcher())
-    return run_benchmarks(argc, argv, 0);
-  sc::mpi::environment env(argc, argv);
-  mpi_env = &env;
-  register_mpi_benchmarks();
-  return run_benchmarks(argc, argv, env.rank(), "--benchmark_filter=^mpi/");
-}
-#else
-BENCHMARK_MAIN();
+#if STRATA_BENCH_GLOO
+  if (!under_launcher() && std::getenv("RANK") != nullptr) {
+    sc::gloo::communicator world = sc::gloo::make_world();
+    world.set_checked(false);
+    gloo_world = &world;
+    register_backend("gloo", bm_gloo);
+    return run_benchmarks(argc, argv, world.rank(), "--benchmark_filter=^gloo/");
+  }
 #endif
+#if STRATA_BENCH_MPI
+  if (under_launcher()) {
+    sc::mpi::environment env(argc, argv);
+    mpi_env = &env;
+    register_backend("mpi", bm_mpi);
+    return run_benchmarks(argc, argv, env.rank(), "--benchmark_filter=^mpi/");
+  }
+#endif
+  return run_benchmarks(argc, argv, 0);
+}
