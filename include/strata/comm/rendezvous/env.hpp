@@ -1,6 +1,7 @@
 // Rendezvous from the environment torchrun sets: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
 #pragma once
 
+#include <strata/comm/rendezvous/store.hpp>
 #include <strata/comm/rendezvous/tcp_store.hpp>
 #include <strata/core/error.hpp>
 
@@ -131,13 +132,14 @@ inline std::vector<int> missing_ranks(std::vector<std::string> const& keys,
   return ranks;
 }
 
-inline std::string missing_ranks_message(std::string const& what, tcp_store const& store,
-                                         std::chrono::milliseconds timeout, int world_size,
-                                         std::vector<int> const& missing, std::string const& hint) {
+template <key_value_store Store>
+std::string missing_ranks_message(std::string const& what, Store const& store,
+                                  std::chrono::milliseconds timeout, int world_size,
+                                  std::vector<int> const& missing, std::string const& hint) {
   std::string list;
   for (int const r : missing)
     list += (list.empty() ? "" : ", ") + std::to_string(r);
-  return what + " at " + endpoint_text(store.host(), store.port()) + " timed out after " +
+  return what + " at " + std::string(store.endpoint()) + " timed out after " +
          seconds_text(timeout) + ": " +
          std::to_string(world_size - static_cast<int>(missing.size())) + " of " +
          std::to_string(world_size) + " ranks arrived; ranks [" + list + "] did not (" + hint + ")";
@@ -272,8 +274,10 @@ rendezvous_from_env(std::chrono::milliseconds timeout = rendezvous_timeout_from_
 
 /// Returns once every rank in [0, world_size) has called store_barrier with the same name as
 /// often as this rank has, so a name can be reused. Every rank must call it. Throws
-/// comm_timeout naming the ranks that did not arrive within the store's timeout.
-inline void store_barrier(tcp_store& store, std::string const& name, int rank, int world_size) {
+/// comm_timeout naming the ranks that did not arrive within the store's timeout. Any
+/// key_value_store serves (tcp_store, etcd_store).
+template <key_value_store Store>
+void store_barrier(Store& store, std::string const& name, int rank, int world_size) {
   detail::check_rank(rank, world_size);
   auto const prefix = "strata/barrier/" + name + "/";
   // Each rank counts its own rounds, so keys of consecutive uses of one name never mix.

@@ -4,6 +4,7 @@
 #include <strata/comm/rendezvous/detail/socket.hpp>
 #include <strata/comm/rendezvous/detail/text.hpp>
 #include <strata/comm/rendezvous/detail/wire.hpp>
+#include <strata/comm/rendezvous/store.hpp>
 #include <strata/core/error.hpp>
 
 #include <algorithm>
@@ -21,7 +22,8 @@ namespace strata::comm {
 /// A client of tcp_store_server. Every call blocks until the server answers, at most the
 /// timeout given at construction (get and wait take their own). After any comm_error the
 /// connection is dropped and the next call reconnects. Not safe for concurrent use: give each
-/// thread its own client. Movable.
+/// thread its own client. Movable. Meets lease_store (store.hpp): compare_set and leases are
+/// served by the server in one step each, so they are atomic across clients.
 class tcp_store {
 public:
   /// Connects to host:port, retrying with short backoff until `timeout` because the server
@@ -31,9 +33,66 @@ public:
     connect();
   }
 
-  /// Sets key to value, waking every get() and wait() that was waiting for it.
+  /// Sets key to value, waking every get() and wait() that was waiting for it. A key set
+  /// without a lease keeps no lease it had.
   void set(std::string const& key, std::string_view value) {
     call(detail::store_op::set, {key, value}, timeout_, "set(" + detail::quoted(key) + ")");
+  }
+
+  /// Sets key to value and attaches it to lease: the key vanishes when the lease expires or
+  /// is revoked. Throws lease_expired when the lease is already gone.
+  void set(std::string const& key, std::string_view value, lease_id lease) {
+    auto const what = "set(" + detail::quoted(key) + ", lease " + std::to_string(lease) + ")";
+    auto const l = detail::encode_u64(static_cast<std::uint64_t>(lease));
+    expect_lease(call(detail::store_op::set, {key, value, l}, timeout_, what), lease, what);
+  }
+
+  /// Sets key to desired if it holds expected, or if it is absent and expected is empty, and
+  /// returns the value after (torch's compareSet; for an absent key and a non-empty expected
+  /// it returns expected). One atomic step on the server.
+  std::string compare_set(std::string const& key, std::string_view expected,
+                          std::string_view desired) {
+    auto const what = "compare_set(" + detail::quoted(key) + ")";
+    return expect_args(
+               call(detail::store_op::compare_set, {key, expected, desired}, timeout_, what), 1,
+               what)
+        .front();
+  }
+
+  /// compare_set that attaches key to lease when it sets it. Throws lease_expired when the
+  /// lease is already gone.
+  std::string compare_set(std::string const& key, std::string_view expected,
+                          std::string_view desired, lease_id lease) {
+    auto const what =
+        "compare_set(" + detail::quoted(key) + ", lease " + std::to_string(lease) + ")";
+    auto const l = detail::encode_u64(static_cast<std::uint64_t>(lease));
+    auto r = call(detail::store_op::compare_set, {key, expected, desired, l}, timeout_, what);
+    return expect_args(expect_lease(std::move(r), lease, what), 1, what).front();
+  }
+
+  /// A lease that expires ttl (at least 1 ms) after it was granted or last kept alive.
+  lease_id grant_lease(std::chrono::milliseconds ttl) {
+    auto const what = "grant_lease(" + detail::seconds_text(ttl) + ")";
+    auto const t = detail::encode_u64(static_cast<std::uint64_t>(detail::clamp_wait(ttl).count()));
+    auto r = call(detail::store_op::grant_lease, {t}, timeout_, what);
+    return static_cast<lease_id>(detail::decode_u64(expect_args(r, 1, what).front()));
+  }
+
+  /// Restarts the lease's clock; returns its TTL. Throws lease_expired when it is gone.
+  std::chrono::milliseconds keep_alive(lease_id lease) {
+    auto const what = "keep_alive(lease " + std::to_string(lease) + ")";
+    auto const l = detail::encode_u64(static_cast<std::uint64_t>(lease));
+    auto r = expect_lease(call(detail::store_op::keep_alive, {l}, timeout_, what), lease, what);
+    return std::chrono::milliseconds(
+        static_cast<std::int64_t>(detail::decode_u64(expect_args(r, 1, what).front())));
+  }
+
+  /// Deletes the lease and every key attached to it; returns whether it still existed.
+  bool revoke_lease(lease_id lease) {
+    auto const what = "revoke_lease(" + std::to_string(lease) + ")";
+    auto const l = detail::encode_u64(static_cast<std::uint64_t>(lease));
+    return expect_args(call(detail::store_op::revoke_lease, {l}, timeout_, what), 1, what)
+               .front() == "\1";
   }
 
   /// The value of key, waiting until some client sets it. Throws comm_timeout naming the key
@@ -80,17 +139,9 @@ public:
   void wait(std::vector<std::string> const& keys) { wait(keys, timeout_); }
   void wait(std::vector<std::string> const& keys, std::chrono::milliseconds timeout) {
     auto const missing = try_wait(keys, timeout);
-    if (missing.empty())
-      return;
-    std::string names;
-    for (auto const& k : missing)
-      names += (names.empty() ? "" : ", ") + detail::quoted(k);
-    throw comm_timeout("tcp_store wait at " + endpoint() + " timed out after " +
-                       detail::seconds_text(detail::clamp_wait(timeout)) + ": " +
-                       std::to_string(missing.size()) + " of " + std::to_string(keys.size()) +
-                       " keys still missing: " + names +
-                       " (check that the processes that set them are running, or raise the "
-                       "timeout)");
+    if (!missing.empty())
+      throw comm_timeout(detail::wait_timeout_text(
+          "tcp_store", endpoint(), detail::clamp_wait(timeout), missing, keys.size()));
   }
 
   /// Waits until every key is present or `timeout` passes; returns the keys missing at that
@@ -118,6 +169,8 @@ public:
   std::string const& host() const noexcept { return host_; }
   std::uint16_t port() const noexcept { return port_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  /// host:port, as messages name the server.
+  std::string endpoint() const { return detail::endpoint_text(host_, port_); }
 
 private:
   // How long past its own timeout a get or wait waits for the server's answer before deciding
@@ -128,8 +181,6 @@ private:
     detail::store_status status = detail::store_status::failed;
     std::vector<std::string> args;
   };
-
-  std::string endpoint() const { return detail::endpoint_text(host_, port_); }
 
   void connect() {
     auto const start = detail::store_clock::now();
@@ -172,7 +223,7 @@ private:
       std::string const header = read_exact(5, deadline, io_timeout, what);
       r.status = static_cast<detail::store_status>(header[0]);
       auto const count = detail::get_le(header.data() + 1, 4);
-      if (static_cast<std::uint8_t>(r.status) > 2 || count > detail::max_frame_args)
+      if (static_cast<std::uint8_t>(r.status) > 3 || count > detail::max_frame_args)
         throw comm_error("tcp_store " + what + ": malformed reply from " + endpoint() +
                          " (is that port really a strata tcp_store? check MASTER_PORT)");
       for (std::uint64_t i = 0; i < count; ++i) {
@@ -229,6 +280,12 @@ private:
                         " (the process hosting the store may be stopped or overloaded)");
   }
 
+  reply expect_lease(reply r, lease_id lease, std::string const& what) const {
+    if (r.status == detail::store_status::lease_gone)
+      throw lease_expired(detail::lease_gone_text("tcp_store", what, endpoint(), lease));
+    return r;
+  }
+
   static std::vector<std::string> const& expect_args(reply const& r, std::size_t n,
                                                      std::string const& what) {
     if (r.status != detail::store_status::ok || r.args.size() != n)
@@ -245,5 +302,7 @@ private:
   std::chrono::milliseconds timeout_;
   detail::unique_fd fd_;
 };
+
+static_assert(lease_store<tcp_store>);
 
 } // namespace strata::comm

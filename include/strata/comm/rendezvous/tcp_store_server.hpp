@@ -18,6 +18,7 @@
 #include <string_view>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -29,9 +30,11 @@
 namespace strata::comm {
 
 /// Serves a key-value store on host:port from one background thread, for tcp_store clients
-/// (rank 0 hosts it in a rendezvous). Keys and values are arbitrary bytes. Construction binds
-/// and listens, or throws comm_error; destruction stops the thread and closes every client
-/// connection, so clients still waiting see comm_error rather than a hang. Not movable.
+/// (rank 0 hosts it in a rendezvous). Keys and values are arbitrary bytes. Leases expire on
+/// this thread, within a millisecond or so of their deadline, taking their keys with them.
+/// Construction binds and listens, or throws comm_error; destruction stops the thread and closes
+/// every client connection, so clients still waiting see comm_error rather than a hang. Not
+/// movable.
 class tcp_store_server {
 public:
   /// Binds host:port (port 0 picks a free port; port() tells which) with SO_REUSEADDR.
@@ -78,6 +81,12 @@ private:
     detail::store_op op;
     std::vector<std::string> keys;
     detail::store_clock::time_point deadline;
+  };
+
+  struct lease_state {
+    std::chrono::milliseconds ttl;
+    detail::store_clock::time_point deadline;
+    std::unordered_set<std::string> keys;
   };
 
   struct client {
@@ -139,6 +148,7 @@ private:
             c.dead = true;
         }
       }
+      expire_leases();
       expire_parked();
       while (!ready_.empty()) {
         auto const id = ready_.back();
@@ -155,6 +165,9 @@ private:
     for (auto const& [id, c] : clients_)
       if (c.parked && !c.dead && (!earliest || c.parked->deadline < *earliest))
         earliest = c.parked->deadline;
+    for (auto const& [id, l] : leases_)
+      if (!earliest || l.deadline < *earliest)
+        earliest = l.deadline;
     if (!earliest)
       return -1;
     auto const left = *earliest - detail::store_clock::now();
@@ -252,11 +265,55 @@ private:
     };
     switch (static_cast<store_op>(f.head)) {
     case store_op::set:
-      if (a.size() != 2)
+    case store_op::compare_set: {
+      // A set is a compare_set without the comparison: [key, (expected,) value (, lease)].
+      bool const cas = static_cast<store_op>(f.head) == store_op::compare_set;
+      std::size_t const n = cas ? 3 : 2;
+      if (a.size() != n && a.size() != n + 1)
         return malformed();
-      data_[a[0]] = std::move(a[1]);
-      respond(c, store_status::ok);
+      auto const lease = named_lease(c, a, n);
+      if (!lease)
+        return;
+      if (auto const it = data_.find(a[0]);
+          cas && (it == data_.end() ? !a[1].empty() : it->second != a[1]))
+        // torch's semantics: an absent key with a non-empty expected answers expected.
+        return respond(c, store_status::ok, {it == data_.end() ? a[1] : it->second});
+      put(a[0], std::move(a[n - 1]), *lease);
+      if (cas)
+        respond(c, store_status::ok, {data_.at(a[0])});
+      else
+        respond(c, store_status::ok);
       return wake(a[0]);
+    }
+    case store_op::grant_lease: {
+      if (a.size() != 1)
+        return malformed();
+      auto const ttl =
+          std::max(std::chrono::milliseconds(1),
+                   detail::clamp_wait(
+                       std::chrono::milliseconds(static_cast<std::int64_t>(std::min<std::uint64_t>(
+                           detail::decode_u64(a[0]),
+                           static_cast<std::uint64_t>(detail::max_store_wait.count()))))));
+      auto const id = next_lease_++;
+      leases_[id] = lease_state{ttl, detail::store_clock::now() + ttl, {}};
+      return respond(c, store_status::ok, {detail::encode_u64(id)});
+    }
+    case store_op::keep_alive: {
+      if (a.size() != 1)
+        return malformed();
+      auto const it = leases_.find(detail::decode_u64(a[0]));
+      if (it == leases_.end())
+        return respond(c, store_status::lease_gone, {a[0]});
+      it->second.deadline = detail::store_clock::now() + it->second.ttl;
+      return respond(c, store_status::ok,
+                     {detail::encode_u64(static_cast<std::uint64_t>(it->second.ttl.count()))});
+    }
+    case store_op::revoke_lease: {
+      if (a.size() != 1)
+        return malformed();
+      bool const existed = drop_lease(detail::decode_u64(a[0]));
+      return respond(c, store_status::ok, {existed ? "\1" : std::string_view("\0", 1)});
+    }
     case store_op::get:
     case store_op::wait: {
       bool const is_get = static_cast<store_op>(f.head) == store_op::get;
@@ -295,6 +352,7 @@ private:
                        {"add(" + detail::quoted(a[0]) + ", " + std::to_string(delta) +
                         ") overflows int64 (current value " + it->second +
                         "); reset the counter with set() or use a fresh key"});
+      // A counter keeps the lease it has (etcd's put with ignore_lease).
       data_[a[0]] = std::to_string(value);
       respond(c, store_status::ok, {detail::encode_u64(static_cast<std::uint64_t>(value))});
       return wake(a[0]);
@@ -307,14 +365,70 @@ private:
     case store_op::delete_key:
       if (a.size() != 1)
         return malformed();
-      return respond(c, store_status::ok,
-                     {data_.erase(a[0]) != 0 ? "\1" : std::string_view("\0", 1)});
+      return respond(c, store_status::ok, {erase_key(a[0]) ? "\1" : std::string_view("\0", 1)});
     case store_op::num_keys:
       if (!a.empty())
         return malformed();
       return respond(c, store_status::ok, {detail::encode_u64(data_.size())});
     }
     malformed();
+  }
+
+  // The lease a set or compare_set with n plain arguments names in an optional last one (0:
+  // none); nothing, after answering lease_gone, when the server no longer has that lease.
+  std::optional<std::uint64_t> named_lease(client& c, std::vector<std::string> const& a,
+                                           std::size_t n) {
+    if (a.size() == n)
+      return 0;
+    auto const lease = detail::decode_u64(a[n]);
+    if (leases_.contains(lease))
+      return lease;
+    respond(c, detail::store_status::lease_gone, {a[n]});
+    return std::nullopt;
+  }
+
+  // Sets key, attaching it to lease (0: none) and detaching it from the lease it had.
+  void put(std::string const& key, std::string value, std::uint64_t lease) {
+    if (auto const it = key_lease_.find(key); it != key_lease_.end()) {
+      leases_.at(it->second).keys.erase(key);
+      key_lease_.erase(it);
+    }
+    if (lease != 0) {
+      leases_.at(lease).keys.insert(key);
+      key_lease_[key] = lease;
+    }
+    data_[key] = std::move(value);
+  }
+
+  bool erase_key(std::string const& key) {
+    if (auto const it = key_lease_.find(key); it != key_lease_.end()) {
+      leases_.at(it->second).keys.erase(key);
+      key_lease_.erase(it);
+    }
+    return data_.erase(key) != 0;
+  }
+
+  // Removes a lease and every key attached to it; returns whether it existed.
+  bool drop_lease(std::uint64_t id) {
+    auto const it = leases_.find(id);
+    if (it == leases_.end())
+      return false;
+    for (auto const& key : it->second.keys) {
+      data_.erase(key);
+      key_lease_.erase(key);
+    }
+    leases_.erase(it);
+    return true;
+  }
+
+  void expire_leases() {
+    auto const now = detail::store_clock::now();
+    std::vector<std::uint64_t> expired;
+    for (auto const& [id, l] : leases_)
+      if (l.deadline <= now)
+        expired.push_back(id);
+    for (auto const id : expired)
+      drop_lease(id);
   }
 
   bool satisfied(parked_request const& p) const {
@@ -370,6 +484,9 @@ private:
   std::uint64_t next_id_ = 0;
   std::vector<std::uint64_t> ready_;
   std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::uint64_t, lease_state> leases_;
+  std::unordered_map<std::string, std::uint64_t> key_lease_;
+  std::uint64_t next_lease_ = 1;
   // Last member: the thread starts once everything it touches exists.
   std::thread thread_;
 };

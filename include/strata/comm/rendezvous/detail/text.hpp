@@ -1,5 +1,5 @@
-// How the tcp_store names things in its messages: endpoints, durations, keys; and the
-// decimal integers add() keeps.
+// How the rendezvous stores name things in their messages: endpoints, durations, keys, the
+// keys a wait misses, a lost lease; and the decimal integers add() keeps.
 #pragma once
 
 #include <chrono>
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace strata::comm::detail {
 
@@ -44,6 +45,28 @@ inline std::string quoted(std::string_view s) {
   if (s.size() > max_shown)
     out += "...(" + std::to_string(s.size()) + " bytes)";
   return out + "\"";
+}
+
+// The message of a wait by `store` (tcp_store, etcd_store) at endpoint that timed out with
+// `missing` of `total` keys absent.
+inline std::string wait_timeout_text(std::string const& store, std::string const& endpoint,
+                                     std::chrono::milliseconds timeout,
+                                     std::vector<std::string> const& missing, std::size_t total) {
+  std::string names;
+  for (auto const& k : missing)
+    names += (names.empty() ? "" : ", ") + detail::quoted(k);
+  return store + " wait at " + endpoint + " timed out after " + seconds_text(timeout) + ": " +
+         std::to_string(missing.size()) + " of " + std::to_string(total) +
+         " keys still missing: " + names +
+         " (check that the processes that set them are running, or raise the timeout)";
+}
+
+// The message of a call `what` naming a lease that store at endpoint no longer has.
+inline std::string lease_gone_text(std::string const& store, std::string const& what,
+                                   std::string const& endpoint, std::int64_t lease) {
+  return store + " " + what + " at " + endpoint + ": lease " + std::to_string(lease) +
+         " has expired or was revoked, and its keys with it (keep it alive more often than its "
+         "TTL, or grant a new lease and set the keys again)";
 }
 
 inline bool parse_decimal(std::string_view s, std::int64_t& out) {

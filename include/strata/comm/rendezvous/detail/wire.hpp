@@ -17,16 +17,22 @@ namespace strata::comm::detail {
 //   response = status:u8 count:u32 count * (length:u64 bytes)
 // One request is answered by exactly one response, in order, on each connection.
 enum class store_op : std::uint8_t {
-  set = 1,        // [key, value]               -> ok []
+  set = 1,        // [key, value(, lease)]      -> ok [] | lease_gone [lease]
   get = 2,        // [key, timeout_ms]          -> ok [value] | timeout []
   add = 3,        // [key, delta]               -> ok [new value] | failed [message]
   check = 4,      // [key]                      -> ok [present]
   delete_key = 5, // [key]                      -> ok [existed]
   num_keys = 6,   // []                         -> ok [count]
   wait = 7,       // [timeout_ms, key...]       -> ok [] | timeout [missing key...]
+  // Added with leases; a server older than them answers these with failed.
+  compare_set = 8,   // [key, expected, desired(, lease)] -> ok [value after] | lease_gone [lease]
+  grant_lease = 9,   // [ttl_ms]                    -> ok [lease]
+  keep_alive = 10,   // [lease]                     -> ok [ttl_ms] | lease_gone [lease]
+  revoke_lease = 11, // [lease]                    -> ok [existed]
 };
 
-enum class store_status : std::uint8_t { ok = 0, timeout = 1, failed = 2 };
+// lease_gone answers a request that names a lease the server no longer has (expired, revoked).
+enum class store_status : std::uint8_t { ok = 0, timeout = 1, failed = 2, lease_gone = 3 };
 
 // A peer announcing more than this is not speaking the protocol; it is dropped rather than
 // trusted with an allocation of the size it claims.
