@@ -90,6 +90,21 @@ if(nlohmann_json_FOUND)
   set(STRATA_HAVE_JSON ON)
 endif()
 
+# libcurl: the etcd store (comm/rendezvous/etcd_store.hpp) speaks etcd's v3 JSON API through it,
+# and reads the replies with nlohmann_json; STRATA_HAVE_ETCD when both are found. The etcd server
+# itself is only needed by the tests (STRATA_ETCD_EXECUTABLE, test/store).
+set(STRATA_HAVE_CURL OFF)
+set(STRATA_HAVE_ETCD OFF)
+if(STRATA_ENABLE_ETCD)
+  find_package(CURL QUIET)
+  if(CURL_FOUND)
+    set(STRATA_HAVE_CURL ON)
+    if(STRATA_HAVE_JSON)
+      set(STRATA_HAVE_ETCD ON)
+    endif()
+  endif()
+endif()
+
 message(STATUS "strata: MPI ${STRATA_HAVE_MPI}, Gloo ${STRATA_HAVE_GLOO}, CUDA ${STRATA_HAVE_CUDA} (${CUDAToolkit_VERSION}), "
                "NCCL ${STRATA_HAVE_NCCL}, Eigen ${STRATA_HAVE_EIGEN}, OpenBLAS ${STRATA_HAVE_OPENBLAS} "
-               "(${OpenBLAS_VERSION}), nlohmann_json ${STRATA_HAVE_JSON}")
+               "(${OpenBLAS_VERSION}), nlohmann_json ${STRATA_HAVE_JSON}, libcurl ${STRATA_HAVE_CURL}")
