@@ -4,7 +4,7 @@
 # cannot import them.
 set -euo pipefail
 packages=(cmake ninja-build g++ catch2 libbenchmark-dev libeigen3-dev libopenblas-dev clang-format
-          openmpi-bin libopenmpi-dev nlohmann-json3-dev libgloo-dev)
+          openmpi-bin libopenmpi-dev nlohmann-json3-dev etcd-server libcurl4-openssl-dev libgloo-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
