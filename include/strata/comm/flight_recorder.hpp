@@ -4,11 +4,13 @@
 #pragma once
 
 #include <strata/comm/counters.hpp>
+#include <strata/comm/detail/call_desc.hpp>
 #include <strata/comm/p2p.hpp>
 #include <strata/comm/reduce_op.hpp>
 #include <strata/core/dtype.hpp>
 #include <strata/core/error.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -21,6 +23,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace strata::comm {
@@ -265,6 +268,27 @@ public:
     stamp(id, n, call_state::completed);
   }
 
+  /// For the device backends, whose host learns of completions late and in stream order: every
+  /// call with an id in [first, last] that is in state started (and on communicator `comm`,
+  /// unless it is 0) completed by now, stamped with now. Calls already completed, and calls
+  /// never started (an issue that failed), are left as they are; so are ids the ring dropped.
+  void complete_started(std::uint64_t first, std::uint64_t last, std::uint64_t comm = 0) noexcept {
+    if (!enabled() || last == 0)
+      return;
+    first = std::max<std::uint64_t>({first, 1, last >= cap_ ? last - cap_ + 1 : 1});
+    std::int64_t const t = detail::flight_now();
+    for (std::uint64_t k = first; k <= last; ++k) {
+      slot& s = slots_[(k - 1) % cap_];
+      if (s.id.load(std::memory_order_relaxed) != k ||
+          s.state.load(std::memory_order_relaxed) !=
+              static_cast<std::uint8_t>(call_state::started) ||
+          (comm != 0 && s.comm.load(std::memory_order_relaxed) != comm))
+        continue;
+      s.t_completed.store(t, std::memory_order_relaxed);
+      s.state.store(static_cast<std::uint8_t>(call_state::completed), std::memory_order_relaxed);
+    }
+  }
+
   /// The records held, oldest first, with the communicators they name.
   flight_dump snapshot(std::string reason = "request") const {
     flight_dump d;
@@ -385,6 +409,57 @@ private:
 
 namespace strata::comm::detail {
 
+/// Where a backend's call goes in its rank's recorder: the recorder, the communicator's id, and
+/// this rank on it. issue() records a call issued now (scheduled) and returns its ids: one for
+/// a collective, one an operation for a point-to-point group (first, count); (0, 0) when off.
+struct flight_site {
+  flight_recorder* recorder = nullptr;
+  std::uint64_t comm = 0;
+  int rank = 0;
+  int size = 1;
+
+  /// Collective #seq described by `d` (`bytes` as the counters count it).
+  std::pair<std::uint64_t, std::uint32_t> issue(call_desc const& d, std::uint64_t seq,
+                                                std::uint64_t bytes, bool blocking) const noexcept {
+    if (recorder == nullptr || !recorder->enabled())
+      return {0, 0};
+    flight_record r = base(seq, blocking);
+    r.op = d.kind;
+    r.type = d.type;
+    r.rop = d.op;
+    r.count = d.count;
+    r.root = d.kind == op_kind::broadcast ? d.root : -1;
+    r.bytes = bytes;
+    return {recorder->issue(r), 1};
+  }
+  /// Point-to-point group #seq: one record an operation.
+  std::pair<std::uint64_t, std::uint32_t> issue(std::span<p2p const> ops, std::uint64_t seq,
+                                                bool blocking) const noexcept {
+    if (recorder == nullptr || !recorder->enabled())
+      return {0, 0};
+    flight_record r = base(seq, blocking);
+    r.p2p = true;
+    std::pair<std::uint64_t, std::uint32_t> ids{0, 0};
+    for (p2p const& op : ops) {
+      set_transfer(r, op);
+      std::uint64_t const id = recorder->issue(r);
+      if (ids.second++ == 0)
+        ids.first = id;
+    }
+    return ids;
+  }
+
+private:
+  flight_record base(std::uint64_t seq, bool blocking) const noexcept {
+    return {.comm = comm, .seq = seq, .blocking = blocking, .comm_rank = rank, .comm_size = size};
+  }
+};
+
+/// The last id of a call's records (first, count): 0 when none were recorded.
+constexpr std::uint64_t last_id(std::pair<std::uint64_t, std::uint32_t> ids) noexcept {
+  return ids.second == 0 ? 0 : ids.first + ids.second - 1;
+}
+
 /// On a timeout or an abort: writes each recorder's dump to `dir` (when set) and returns the
 /// note the error message ends with — where the dumps are, or how to get them.
 inline std::string dump_on_failure(std::span<flight_recorder const* const> recorders,
@@ -407,6 +482,16 @@ inline std::string dump_on_failure(std::span<flight_recorder const* const> recor
   std::string const pattern = recorders.size() == 1 ? first : dir + "/strata_flight_rank*.json";
   return " [flight recorder: dumped to " + pattern + "; strata_flight analyse " + dir +
          " names the call that diverged]";
+}
+
+/// The same for one rank's recorder (none: ""), once: `dumped` is set by the first call, and
+/// later calls return "".
+inline std::string dump_once(flight_recorder const* recorder, std::atomic<bool>& dumped,
+                             std::string const& dir, std::string const& reason) {
+  if (recorder == nullptr || dumped.exchange(true))
+    return "";
+  flight_recorder const* one[] = {recorder};
+  return dump_on_failure(one, dir, reason);
 }
 
 } // namespace strata::comm::detail

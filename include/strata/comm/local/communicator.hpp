@@ -39,6 +39,7 @@ public:
     counters_ = other.counters_;
     coll_seq_ = other.coll_seq_;
     p2p_seq_ = other.p2p_seq_;
+    record_calls_ = other.record_calls_;
     return *this;
   }
   ~communicator() = default; // engine_ (declared last) drains before state_ goes
@@ -55,6 +56,10 @@ public:
   flight_recorder& recorder() noexcept { return state_->recorder(); }
   /// This communicator's id in the flight recorder's records (equal on every member).
   std::uint64_t flight_id() const noexcept { return state_->group().id; }
+  /// Whether this communicator's calls go into the flight recorder (on by default). A backend
+  /// built on this one that records its own calls under this id turns it off (device_local:
+  /// its host rendezvous are not the user's calls).
+  void record_calls(bool on) noexcept { record_calls_ = on; }
 
   template <element T>
   void all_reduce(std::span<T const> send, std::span<T> recv, reduce_op op) {
@@ -227,7 +232,7 @@ private:
   // operation of a group (numbered by group).
   void note(detail::op_record& rec, bool blocking) noexcept {
     flight_recorder& fr = state_->recorder();
-    if (!fr.enabled())
+    if (!fr.enabled() || !record_calls_)
       return;
     flight_record r;
     r.comm = state_->group().id;
@@ -262,6 +267,7 @@ private:
   comm_counters counters_;
   std::uint64_t coll_seq_ = 0; // collectives issued (the flight recorder's numbering)
   std::uint64_t p2p_seq_ = 0;  // point-to-point groups issued
+  bool record_calls_ = true;
   std::unique_ptr<detail::async_engine> engine_; // last: destroyed (drained) first
 };
 

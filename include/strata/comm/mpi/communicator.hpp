@@ -506,45 +506,15 @@ private:
   // The flight record of collective #s, issued now (0 when the recorder is off).
   std::uint64_t note(call_desc const& d, std::uint64_t s, std::uint64_t bytes,
                      bool blocking) noexcept {
-    flight_recorder& fr = *ctx_->recorder;
-    if (!fr.enabled())
-      return 0;
-    flight_record r;
-    r.comm = entry_->id;
-    r.comm_rank = rank_;
-    r.comm_size = size_;
-    r.seq = s;
-    r.blocking = blocking;
-    r.op = d.kind;
-    r.type = d.type;
-    r.rop = d.op;
-    r.count = d.count;
-    r.root = d.kind == op_kind::broadcast ? d.root : -1;
-    r.bytes = bytes;
-    return fr.issue(r);
+    return comm::detail::flight_site{ctx_->recorder, entry_->id, rank_, size_}
+        .issue(d, s, bytes, blocking)
+        .first;
   }
   // The flight records of point-to-point group #k, one an operation: (first id, count).
   std::pair<std::uint64_t, std::uint32_t> note_p2p(std::span<p2p const> ops, std::uint64_t k,
                                                    bool blocking) noexcept {
-    flight_recorder& fr = *ctx_->recorder;
-    if (!fr.enabled())
-      return {0, 0};
-    flight_record r;
-    r.comm = entry_->id;
-    r.comm_rank = rank_;
-    r.comm_size = size_;
-    r.seq = k;
-    r.p2p = true;
-    r.blocking = blocking;
-    std::uint64_t first = 0;
-    std::uint32_t n = 0;
-    for (p2p const& op : ops) {
-      set_transfer(r, op);
-      std::uint64_t const id = fr.issue(r);
-      if (n++ == 0)
-        first = id;
-    }
-    return {first, n};
+    return comm::detail::flight_site{ctx_->recorder, entry_->id, rank_, size_}.issue(ops, k,
+                                                                                     blocking);
   }
 
   // Checked mode: all ranks agree on the call, or every rank raises with every rank's call.

@@ -114,10 +114,7 @@ public:
   /// Dumps this rank's flight recorder to comm_options::flight_recorder_dir, once; returns
   /// the note that says where (or how to get a dump).
   std::string dump_flight(std::string const& reason) {
-    if (!recorder_ || dumped_.exchange(true))
-      return "";
-    flight_recorder const* one[] = {recorder_};
-    return comm::detail::dump_on_failure(one, options_.flight_recorder_dir, reason);
+    return comm::detail::dump_once(recorder_, dumped_, options_.flight_recorder_dir, reason);
   }
 
 private:
