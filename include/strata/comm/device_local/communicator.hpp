@@ -7,6 +7,7 @@
 #include <strata/comm/detail/call_desc.hpp>
 #include <strata/comm/device_local/detail/rank_share.hpp>
 #include <strata/comm/device_local/request.hpp>
+#include <strata/comm/flight_recorder.hpp>
 #include <strata/comm/kernels/rank_reduce.hpp>
 #include <strata/comm/local/communicator.hpp>
 #include <strata/comm/local/detail/rank_state.hpp>
@@ -63,6 +64,15 @@ namespace strata::comm::device_local {
 /// axes of a mesh takes 24; raise device_context_options::events where the default 64 is
 /// short. No device memory. Nothing is allocated per call. At most kernels::max_ranks (16)
 /// ranks, and max_group_ops operations in one group.
+///
+/// Flight recorder (docs/flight_recorder.md): every call is recorded in the rank's ring (the
+/// local job's, shared with the host communicator, whose own rendezvous are not recorded) under
+/// the host communicator's id. What the host knows is recorded, no more: a call is `scheduled`
+/// when issued, `started` once every peer has arrived at its first rendezvous and this rank's
+/// share is being issued, `completed` when the host sees its end event (or a later one of the
+/// same communicator) complete: queried after each call is issued (on the emulated device at
+/// once; on a GPU usually at a later call), or by a request's test(). A blocking call, wait()
+/// and wait_on() learn nothing: the host does not wait.
 template <rank_context Ctx>
 class communicator {
 public:
@@ -83,6 +93,8 @@ public:
   /// events, then exchanges with the peers where they are. Collective over `host`.
   communicator(local::communicator&& host, Ctx& ctx)
       : host_(std::move(host)), ctx_(&ctx), me_(std::make_unique<detail::rank_share<Ctx>>()) {
+    host_.record_calls(false); // this communicator records its calls itself
+    site_ = {&host_.recorder(), host_.flight_id(), host_.rank(), host_.size()};
     int const n = host_.size();
     if (n > kernels::max_ranks)
       throw config_error("strata: a device_local communicator has at most " +
@@ -114,11 +126,16 @@ public:
   Ctx& context() const noexcept { return *ctx_; }
   comm_counters const& counters() const noexcept { return counters_; }
   comm_counters& counters() noexcept { return counters_; }
+  /// This rank's flight recorder (the local job's; docs/flight_recorder.md): `dump(dir)` writes
+  /// it on request.
+  flight_recorder& recorder() noexcept { return *site_.recorder; }
+  /// This communicator's id in the flight recorder's records (its host communicator's).
+  std::uint64_t flight_id() const noexcept { return site_.comm; }
 
   // Blocking forms: issued on the communication stream; the compute stream waits for the end.
   template <element T>
   void all_reduce(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    block(issue_all_reduce(send, recv, op));
+    block(issue_all_reduce(send, recv, op, true));
   }
   template <element T>
   void all_reduce(std::span<T> buf, reduce_op op) {
@@ -126,11 +143,11 @@ public:
   }
   template <element T>
   void reduce_scatter(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    block(issue_reduce_scatter(send, recv, op));
+    block(issue_reduce_scatter(send, recv, op, true));
   }
   template <element T>
   void all_gather(std::span<T const> send, std::span<T> recv) {
-    block(issue_all_gather(send, recv));
+    block(issue_all_gather(send, recv, true));
   }
   template <element T>
   void broadcast(std::span<T> buf, int root) {
@@ -138,7 +155,7 @@ public:
   }
   template <element T>
   void broadcast(std::span<T const> send, std::span<T> recv, int root) {
-    block(issue_broadcast(send, recv, root));
+    block(issue_broadcast(send, recv, root, true));
   }
   template <element T>
   void send(std::span<T const> buf, int peer) {
@@ -150,26 +167,31 @@ public:
     p2p const op = p2p::recv(buf, peer);
     group(std::span<p2p const>(&op, 1));
   }
-  void group(std::span<p2p const> ops) { block(issue_group(ops)); }
+  void group(std::span<p2p const> ops) { block(issue_group(ops, true)); }
   /// Every rank's work issued before the barrier completes before any rank's compute stream
   /// goes past it (the host waits only for the peers' arrival).
   void barrier() {
-    counters_.record(op_kind::barrier, 0);
     comm::detail::call_desc d;
     d.kind = op_kind::barrier;
-    block(collective(d, nullptr, nullptr, [] {}));
+    block(collective(d, 0, true, nullptr, nullptr, [] {}));
   }
 
   /// A communicator of the ranks that passed the same `color` (>= 0), ranked by (key, rank),
   /// on the same context (it takes its own events). Collective over this communicator.
   communicator split(int color, int key) {
     counters_.record(op_kind::split, 0);
-    return communicator(host_.split(color, key), *ctx_);
+    comm::detail::call_desc d;
+    d.kind = op_kind::split;
+    auto const ids = site_.issue(d, ++coll_seq_, 0, true);
+    recorder().start(ids.first, ids.second);
+    communicator sub(host_.split(color, key), *ctx_);
+    recorder().complete(ids.first, ids.second); // host work only: done when it returns
+    return sub;
   }
 
   template <element T>
   request_type all_reduce_async(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    return {ctx_, issue_all_reduce(send, recv, op)};
+    return async(issue_all_reduce(send, recv, op, false));
   }
   template <element T>
   request_type all_reduce_async(std::span<T> buf, reduce_op op) {
@@ -177,18 +199,18 @@ public:
   }
   template <element T>
   request_type reduce_scatter_async(std::span<T const> send, std::span<T> recv, reduce_op op) {
-    return {ctx_, issue_reduce_scatter(send, recv, op)};
+    return async(issue_reduce_scatter(send, recv, op, false));
   }
   template <element T>
   request_type all_gather_async(std::span<T const> send, std::span<T> recv) {
-    return {ctx_, issue_all_gather(send, recv)};
+    return async(issue_all_gather(send, recv, false));
   }
   template <element T>
   request_type broadcast_async(std::span<T> buf, int root) {
-    return {ctx_, issue_broadcast(std::span<T const>(buf), buf, root)};
+    return async(issue_broadcast(std::span<T const>(buf), buf, root, false));
   }
   /// The buffers `ops` name must stay valid and untouched until the request completes.
-  request_type group_async(std::span<p2p const> ops) { return {ctx_, issue_group(ops)}; }
+  request_type group_async(std::span<p2p const> ops) { return async(issue_group(ops, false)); }
 
 private:
   using call_desc = comm::detail::call_desc;
@@ -202,6 +224,37 @@ private:
   }
 
   void block(event_type end) { ctx_->wait(ctx_->compute_stream(), end); }
+  // A request for the call just issued (ending at `end`): a completed test() stamps the calls
+  // recorded since the last one known complete.
+  request_type async(event_type end) const {
+    return {ctx_, end, {site_.recorder, site_.comm, flight_done_ + 1, end_flight_[last_end_]}};
+  }
+
+  // The call's end: its end event recorded on the communication stream after the rest, then
+  // what the host can learn without waiting (see learn()).
+  event_type finish(std::pair<std::uint64_t, std::uint32_t> ids) {
+    last_end_ = next_end_++ % end_events;
+    event_type const end = end_[last_end_];
+    ctx_->record(end, ctx_->comm_stream());
+    end_flight_[last_end_] = comm::detail::last_id(ids);
+    learn();
+    return end;
+  }
+  // The newest of this communicator's end events found complete completes its call and every
+  // earlier one (a rank's calls run in order on one stream): they are stamped completed. At
+  // most end_events queries, none when nothing recorded is outstanding; never a wait.
+  void learn() {
+    for (std::size_t i = 1; i <= end_events && i <= next_end_; ++i) {
+      std::size_t const k = (next_end_ - i) % end_events;
+      if (end_flight_[k] <= flight_done_)
+        return;
+      if (ctx_->query(end_[k])) {
+        recorder().complete_started(flight_done_ + 1, end_flight_[k], site_.comm);
+        flight_done_ = end_flight_[k];
+        return;
+      }
+    }
+  }
 
   template <class T>
   static call_desc desc_of(op_kind k, std::size_t count) noexcept {
@@ -218,8 +271,10 @@ private:
     try {
       host_call();
     } catch (comm_error const& e) {
+      std::uint64_t const number = d.kind == op_kind::send ? p2p_seq_ : coll_seq_;
       std::string const what = "strata: device_local " + comm::detail::describe(d) + " #" +
-                               std::to_string(seq_) + " failed in its host rendezvous: " + e.what();
+                               std::to_string(number) +
+                               " failed in its host rendezvous: " + e.what();
       try {
         throw;
       } catch (comm_timeout const&) {
@@ -234,7 +289,7 @@ private:
 
   [[noreturn]] void desync(call_desc const& mine) const {
     std::string msg = "strata: collective mismatch on a device_local communicator of " +
-                      std::to_string(size()) + " ranks, call #" + std::to_string(seq_) + ":";
+                      std::to_string(size()) + " ranks, call #" + std::to_string(coll_seq_) + ":";
     for (int j = 0; j < size(); ++j)
       msg += (j ? "; " : " ") + std::string("rank ") + std::to_string(j) + " called " +
              comm::detail::describe(detail::unpack(word(j, 0), word(j, 1)));
@@ -245,12 +300,15 @@ private:
     throw comm_desync(msg);
   }
 
-  // Steps 1-5 of the class comment; `work` issues this rank's share (step 4) from words_.
+  // Steps 1-6 of the class comment; `work` issues this rank's share (step 4) from words_.
+  // Counted and recorded (`bytes` as the counters count them) when issued.
   template <class Work>
-  event_type collective(call_desc const& d, void const* send, void* recv, Work&& work) {
+  event_type collective(call_desc const& d, std::uint64_t bytes, bool blocking, void const* send,
+                        void* recv, Work&& work) {
     Ctx& c = *ctx_;
     auto const comm = c.comm_stream();
-    ++seq_;
+    counters_.record(d.kind, bytes);
+    auto const ids = site_.issue(d, ++coll_seq_, bytes, blocking);
     c.record(me_->fence, c.compute_stream());
     c.wait(comm, me_->fence);
     std::int64_t const mine[detail::rendezvous_words] = {
@@ -263,6 +321,7 @@ private:
     for (int j = 0; j < n; ++j)
       if (word(j, 0) != mine[0] || word(j, 1) != mine[1])
         desync(d);
+    recorder().start(ids.first, ids.second);
     for (int j = 0; j < n; ++j)
       if (j != r)
         c.wait_foreign(comm, *peer(j).ctx, peer(j).fence);
@@ -274,9 +333,7 @@ private:
         c.wait_foreign(comm, *peer(j).ctx, peer(j).done);
     // No rank touches another's context or events after this: any may return and destroy them.
     rendezvous(d, [&] { host_.barrier(); });
-    event_type const end = end_[next_end_++ % end_events];
-    c.record(end, comm);
-    return end;
+    return finish(ids);
   }
 
   template <class F>
@@ -294,12 +351,12 @@ private:
   }
 
   template <class T>
-  event_type issue_all_reduce(std::span<T const> send, std::span<T> recv, reduce_op op) {
+  event_type issue_all_reduce(std::span<T const> send, std::span<T> recv, reduce_op op,
+                              bool blocking) {
     checks().all_reduce(send.size(), recv.size());
-    counters_.record(op_kind::all_reduce, send.size_bytes());
     call_desc d = desc_of<T>(op_kind::all_reduce, send.size());
     d.op = op;
-    return collective(d, send.data(), recv.data(), [&] {
+    return collective(d, send.size_bytes(), blocking, send.data(), recv.data(), [&] {
       int const n = size();
       auto const share = local::detail::share_of(d.count, sizeof(T), n, rank());
       std::size_t const b = share.first, e = share.second;
@@ -319,12 +376,12 @@ private:
   }
 
   template <class T>
-  event_type issue_reduce_scatter(std::span<T const> send, std::span<T> recv, reduce_op op) {
+  event_type issue_reduce_scatter(std::span<T const> send, std::span<T> recv, reduce_op op,
+                                  bool blocking) {
     checks().reduce_scatter(send.size(), recv.size());
-    counters_.record(op_kind::reduce_scatter, send.size_bytes());
     call_desc d = desc_of<T>(op_kind::reduce_scatter, recv.size());
     d.op = op;
-    return collective(d, send.data(), recv.data(), [&] {
+    return collective(d, send.size_bytes(), blocking, send.data(), recv.data(), [&] {
       if (d.count == 0)
         return;
       int const n = size();
@@ -343,11 +400,10 @@ private:
   }
 
   template <class T>
-  event_type issue_all_gather(std::span<T const> send, std::span<T> recv) {
+  event_type issue_all_gather(std::span<T const> send, std::span<T> recv, bool blocking) {
     checks().all_gather(send.size(), recv.size());
-    counters_.record(op_kind::all_gather, recv.size_bytes());
     call_desc const d = desc_of<T>(op_kind::all_gather, send.size());
-    return collective(d, send.data(), recv.data(), [&] {
+    return collective(d, recv.size_bytes(), blocking, send.data(), recv.data(), [&] {
       if (d.count == 0)
         return;
       kernels::rank_copy<T> f{};
@@ -365,12 +421,11 @@ private:
   }
 
   template <class T>
-  event_type issue_broadcast(std::span<T const> send, std::span<T> recv, int root) {
+  event_type issue_broadcast(std::span<T const> send, std::span<T> recv, int root, bool blocking) {
     checks().broadcast(send.size(), recv.size(), root);
-    counters_.record(op_kind::broadcast, recv.size_bytes());
     call_desc d = desc_of<T>(op_kind::broadcast, recv.size());
     d.root = root;
-    return collective(d, send.data(), recv.data(), [&] {
+    return collective(d, recv.size_bytes(), blocking, send.data(), recv.data(), [&] {
       auto const share = local::detail::share_of(d.count, sizeof(T), size(), rank());
       std::size_t const b = share.first, e = share.second;
       if (e == b)
@@ -388,7 +443,7 @@ private:
     });
   }
 
-  event_type issue_group(std::span<p2p const> ops) {
+  event_type issue_group(std::span<p2p const> ops, bool blocking) {
     if (ops.size() > max_group_ops)
       throw config_error("strata: a device_local group takes at most " +
                          std::to_string(max_group_ops) + " operations, got " +
@@ -410,7 +465,7 @@ private:
 
     Ctx& c = *ctx_;
     auto const comm = c.comm_stream();
-    ++seq_;
+    auto const ids = site_.issue(ops, ++p2p_seq_, blocking);
     call_desc d;
     d.kind = op_kind::send;
     c.record(me_->fence, c.compute_stream());
@@ -449,6 +504,7 @@ private:
       c.wait_foreign(comm, *peer(op.peer).ctx, peer(op.peer).fence);
       c.copy_async(comm, op.data, detail::pointer_of<void const>(m[2]), count * size_of(type));
     }
+    recorder().start(ids.first, ids.second);
     c.record(me_->done, comm);
     // Round 2: each receiver acknowledges; then each sender waits for its receivers' copies.
     for (std::size_t i = 0; i < k; ++i) {
@@ -473,9 +529,7 @@ private:
                          : p2p::recv(std::span<std::int64_t>(&acks_[i], 1), op.peer);
     }
     rendezvous(d, [&] { host_.group(std::span<p2p const>(host_ops_.data(), k)); });
-    event_type const end = end_[next_end_++ % end_events];
-    c.record(end, comm);
-    return end;
+    return finish(ids);
   }
 
   local::communicator host_;
@@ -485,7 +539,12 @@ private:
   std::vector<std::int64_t> words_; // the rendezvous: rendezvous_words a rank
   std::array<event_type, end_events> end_{};
   std::size_t next_end_ = 0;
-  std::uint64_t seq_ = 0;
+  std::size_t last_end_ = 0;                           // the slot of the last call's end
+  std::array<std::uint64_t, end_events> end_flight_{}; // last flight id of each end's call
+  std::uint64_t flight_done_ = 0;                      // flight ids up to it known complete
+  comm::detail::flight_site site_;
+  std::uint64_t coll_seq_ = 0; // collectives issued: the number errors and records carry
+  std::uint64_t p2p_seq_ = 0;  // point-to-point groups issued
   comm_counters counters_;
   std::array<std::array<std::int64_t, 3>, max_group_ops> messages_{};
   std::array<std::int64_t, max_group_ops> acks_{};
