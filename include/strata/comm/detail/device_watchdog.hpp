@@ -1,11 +1,13 @@
 // The watchdog of a device backend (NCCL), generic over where completions and errors come from:
 // one thread per rank that polls the end events of the operations in flight and the backend's
 // asynchronous error, and on a timeout names the operation and the ranks that did not arrive,
-// aborts the backend once and leaves the error for the rank's next call. No CUDA here: the CPU
-// tests drive it with a fake source.
+// aborts the backend once and leaves the error for the rank's next call; it stamps the flight
+// recorder's completions and dumps it on a failure. No CUDA here: the CPU tests drive it with a
+// fake source.
 #pragma once
 
 #include <strata/comm/detail/call_desc.hpp>
+#include <strata/comm/flight_recorder.hpp>
 #include <strata/comm/options.hpp>
 #include <strata/comm/rendezvous/tcp_store_client.hpp>
 #include <strata/core/error.hpp>
@@ -43,8 +45,9 @@ concept watchdog_source = requires(S& s, std::size_t slot) {
 };
 
 /// Where the ranks' watchdogs publish how far each rank got ("id:seq id:seq ...", one
-/// communicator id and the last collective it entered each) and read each other's. Used only
-/// from the watchdog's thread.
+/// communicator id and the last collective it entered each) and read each other's; under
+/// rank -1 (device_watchdog's failure_key), the first failure's message. Used only from the
+/// watchdog's thread.
 template <class B>
 concept progress_board = requires(B& b, int rank, std::string const& text) {
   b.publish(rank, text);
@@ -107,6 +110,14 @@ private:
 /// it, on the rank's thread: the backend calls it before each operation and in every wait, so a
 /// failure becomes an exception at the next call, never a hang. Destruction stops the thread
 /// without waiting for anything in flight.
+///
+/// Flight recorder (optional: the rank's, which only this rank's operations on this stream
+/// write). Each operation's records are issued and stamped started by the backend before
+/// commit(); when the thread (or observed(), a request's test) sees an operation complete, it
+/// stamps completed every started record up to the operation's last (they ran before it on
+/// the stream). A failure dumps the recorder to comm_options::flight_recorder_dir before the
+/// abort, the message saying where, and publishes the message under failure_key; the other
+/// ranks' watchdogs read it there each tick (only when a directory is set) and dump theirs.
 template <watchdog_source Source, progress_board Board>
 class device_watchdog {
 public:
@@ -118,9 +129,14 @@ public:
     std::uint64_t number = 0;
   };
 
+  /// The board's entry that holds the first failure's message.
+  static constexpr int failure_key = -1;
+
   device_watchdog(int world_rank, Source& source, Board board, comm_options const& options,
-                  std::size_t capacity)
+                  std::size_t capacity, flight_recorder* recorder = nullptr)
       : rank_(world_rank), source_(source), board_(std::move(board)), options_(options),
+        recorder_(recorder), peer_dumps_(recorder != nullptr && recorder->enabled() &&
+                                         !options.flight_recorder_dir.empty()),
         tick_(std::clamp<clock::duration>(
             std::chrono::duration_cast<clock::duration>(options.timeout / 10),
             std::chrono::milliseconds(20), std::chrono::milliseconds(500))),
@@ -170,8 +186,10 @@ public:
   }
 
   /// Reserves the next slot for operation #seq of communicator h (`p2p`: a point-to-point group,
-  /// numbered apart from the collectives, whose peers are not published).
-  ticket begin(std::size_t h, std::uint64_t seq, call_desc const& d, bool p2p) {
+  /// numbered apart from the collectives, whose peers are not published); `flight_last`: the
+  /// last id of its flight records (0: none).
+  ticket begin(std::size_t h, std::uint64_t seq, call_desc const& d, bool p2p,
+               std::uint64_t flight_last = 0) {
     std::lock_guard lock(mu_);
     if (!p2p)
       comms_.at(h).entered = seq;
@@ -180,7 +198,7 @@ public:
     entry& e = ring_[slot];
     if (e.state == slot_state::armed || e.state == slot_state::issuing)
       ++unwatched_;
-    e = {slot_state::issuing, number, h, seq, d, p2p, clock::now()};
+    e = {slot_state::issuing, number, h, seq, d, p2p, clock::now(), flight_last};
     return {slot, number};
   }
   /// The end event of t's slot is recorded: from now on the thread polls it.
@@ -193,6 +211,13 @@ public:
     std::lock_guard lock(mu_);
     if (ring_[t.slot].number == t.number)
       ring_[t.slot].state = slot_state::free;
+  }
+  /// The rank saw t's operation complete (a request's test): marked done now, not at the next
+  /// tick, its flight records stamped.
+  void observed(ticket t) {
+    std::lock_guard lock(mu_);
+    if (ring_[t.slot].number == t.number && ring_[t.slot].state == slot_state::armed)
+      mark_done(ring_[t.slot]);
   }
   /// Whether the watchdog saw t's operation complete (false also when it is no longer watched).
   bool seen_complete(ticket t) const {
@@ -235,6 +260,7 @@ private:
     call_desc desc;
     bool p2p = false;
     clock::time_point issued;
+    std::uint64_t flight_last = 0;
   };
   struct comm_entry {
     std::uint64_t id = 0;
@@ -281,7 +307,7 @@ private:
       if (e.state != slot_state::armed)
         continue;
       if (source_.completed(static_cast<std::size_t>(&e - ring_.data()))) {
-        e.state = slot_state::done;
+        mark_done(e);
         continue;
       }
       if (oldest == nullptr || e.number < oldest->number)
@@ -290,6 +316,29 @@ private:
     if (oldest == nullptr || now - oldest->issued <= options_.timeout)
       return std::nullopt;
     return stuck{comms_[oldest->comm], oldest->seq, oldest->desc, oldest->p2p, unwatched_};
+  }
+
+  // Under the lock: e's operation completed, and with it every started record before its last.
+  void mark_done(entry& e) noexcept {
+    e.state = slot_state::done;
+    if (recorder_ != nullptr && e.flight_last > flight_done_) {
+      recorder_->complete_started(flight_done_ + 1, e.flight_last);
+      flight_done_ = e.flight_last;
+    }
+  }
+
+  // Dumps the recorder if a peer published a failure (only when dumps go to a directory).
+  void dump_if_peer_failed() {
+    if (!peer_dumps_ || dumped_.load(std::memory_order_acquire))
+      return;
+    try {
+      if (std::optional<std::string> const why = board_.read(failure_key))
+        comm::detail::dump_once(recorder_, dumped_, options_.flight_recorder_dir,
+                                "strata: rank " + std::to_string(rank_) +
+                                    " dumped after another rank's failure: " + *why);
+    } catch (std::exception const&) {
+      // The board is unreachable now; the next tick tries again.
+    }
   }
 
   void loop() {
@@ -310,6 +359,7 @@ private:
           // The board is unreachable now; the next tick tries again.
         }
       }
+      dump_if_peer_failed();
       if (std::string const why = source_.async_error(); !why.empty())
         fail("strata: rank " + std::to_string(rank_) +
                  ": the communicator reported an asynchronous error: " + why +
@@ -377,15 +427,29 @@ private:
     fail(msg, true);
   }
 
-  // The failure is decided (raise_if_failed throws it from now on), then the source aborted.
-  void fail(std::string const& msg, bool timeout) {
+  // The flight recorder dumped (the message says where), the failure decided (raise_if_failed
+  // throws it from now on) and published for the other ranks' dumps, then the source aborted.
+  // Only the watchdog's thread fails.
+  void fail(std::string msg, bool timeout) {
+    if (failed())
+      return;
+    if (recorder_ != nullptr) { // also when a peer's failure had it dumped: this is later
+      dumped_.store(true, std::memory_order_release);
+      flight_recorder const* one[] = {recorder_};
+      msg += comm::detail::dump_on_failure(one, options_.flight_recorder_dir, msg);
+    }
     {
       std::lock_guard lock(mu_);
-      if (failed())
-        return;
       message_ = msg;
       timed_out_ = timeout;
       failed_.store(true, std::memory_order_release);
+    }
+    if (peer_dumps_) {
+      try {
+        board_.publish(failure_key, msg);
+      } catch (std::exception const&) {
+        // The other ranks will not dump; this rank's failure stands.
+      }
     }
     std::fprintf(stderr, "%s\n", msg.c_str());
     std::fflush(stderr);
@@ -402,6 +466,8 @@ private:
   Source& source_;
   Board board_;
   comm_options const options_;
+  flight_recorder* const recorder_;
+  bool const peer_dumps_; // a directory is set: read the board's failure_key each tick
   clock::duration const tick_;
 
   mutable std::mutex mu_;
@@ -415,7 +481,9 @@ private:
   bool timed_out_ = false;
   std::atomic<bool> failed_{false};
   std::atomic<bool> aborted_{false};
-  std::thread thread_; // last: starts after every other member is ready
+  std::atomic<bool> dumped_{false};
+  std::uint64_t flight_done_ = 0; // flight ids up to it stamped completed (under the lock)
+  std::thread thread_;            // last: starts after every other member is ready
 };
 
 } // namespace strata::comm::detail

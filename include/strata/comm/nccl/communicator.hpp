@@ -7,6 +7,7 @@
 #include <strata/comm/detail/arg_checks.hpp>
 #include <strata/comm/detail/call_desc.hpp>
 #include <strata/comm/detail/device_watchdog.hpp>
+#include <strata/comm/flight_recorder.hpp>
 #include <strata/comm/nccl/error.hpp>
 #include <strata/comm/nccl/types.hpp>
 #include <strata/comm/nccl/unique_id.hpp>
@@ -82,10 +83,10 @@ struct event_source {
 };
 
 /// What a rank's communicators share: the context, the store, the fence and end events, the
-/// registry of NCCL communicators (for the watchdog's abort), the barrier's word and the
-/// watchdog. `mu` serialises NCCL calls of the rank's thread with the watchdog's abort and
-/// error polls: a communicator is never aborted in the middle of a call. Lock order: mu, then
-/// the watchdog's own lock (never the reverse: the watchdog calls abort and async_error
+/// registry of NCCL communicators (for the watchdog's abort), the barrier's word, the flight
+/// recorder and the watchdog. `mu` serialises NCCL calls of the rank's thread with the watchdog's
+/// abort and error polls: a communicator is never aborted in the middle of a call. Lock order: mu,
+/// then the watchdog's own lock (never the reverse: the watchdog calls abort and async_error
 /// without its lock).
 struct rank_state {
   struct entry {
@@ -105,9 +106,10 @@ struct rank_state {
     for (std::size_t i = 0; i < w.in_flight; ++i)
       ends.push_back(ctx->acquire_event());
     barrier_word = ctx->allocate<float>(memory_kind::communication, 1);
+    recorder = std::make_unique<flight_recorder>(options.flight_recorder, rank, size);
     dog = std::make_unique<watchdog_type>(
         world_rank, source, comm::detail::store_board(s.host(), s.port(), prefix + "/progress"),
-        options, ends.size());
+        options, ends.size(), recorder.get());
   }
 
   std::chrono::steady_clock::time_point deadline() const {
@@ -129,6 +131,7 @@ struct rank_state {
   bool aborted = false;
   std::mutex error_mu;     // only for event_error (taken inside the watchdog's lock)
   std::string event_error; // a failed cudaEventQuery, for async_error
+  std::unique_ptr<flight_recorder> recorder; // the rank's last calls, on every communicator
   event_source source{this};
   std::unique_ptr<watchdog_type> dog; // last: its thread stops first
 };
@@ -210,7 +213,12 @@ public:
     if (state_ == nullptr)
       return true;
     state_->dog->raise_if_failed();
-    return state_->dog->seen_complete(ticket_) || state_->ctx->query(state_->ends[ticket_.slot]);
+    if (state_->dog->seen_complete(ticket_))
+      return true;
+    if (!state_->ctx->query(state_->ends[ticket_.slot]))
+      return false;
+    state_->dog->observed(ticket_); // its flight records: completed now
+    return true;
   }
   void wait_on(cudaStream_t& s) {
     if (state_ == nullptr)
@@ -252,6 +260,12 @@ private:
 ///   with its number and the ranks that did not arrive, every communicator of the rank is
 ///   aborted (ncclCommAbort) and the next call, wait() or test() raises comm_timeout; an
 ///   asynchronous error does the same with comm_error.
+/// - Flight recorder (docs/flight_recorder.md): one a world, shared by its splits. A call is
+///   `scheduled` when issued, `started` once its NCCL calls returned (its work is queued on
+///   the stream; the host cannot see it start on the device), `completed` when the watchdog's
+///   polling or a request's test() sees its end event (or a later one) complete. A timeout or
+///   an asynchronous error dumps it to comm_options::flight_recorder_dir before the abort, and
+///   the other ranks' watchdogs dump theirs when they read the failure from the store.
 /// - Calls come from one host thread per rank, in program order. The world must outlive its
 ///   splits; the store and the context must outlive all of them.
 class communicator {
@@ -326,6 +340,11 @@ public:
   cuda_context& context() const noexcept { return *state_->ctx; }
   /// The world ranks of this communicator's members, by their rank in it.
   std::vector<int> const& world_ranks() const noexcept { return world_ranks_; }
+  /// This rank's flight recorder (its world's and its splits' last calls): `dump(dir)` writes it
+  /// on request.
+  flight_recorder& recorder() noexcept { return *state_->recorder; }
+  /// This communicator's id in the flight recorder's records (equal on every member).
+  std::uint64_t flight_id() const noexcept { return id_; }
   /// Throws what the watchdog found (comm_timeout, comm_error), if anything.
   void raise_if_failed() const { state_->dog->raise_if_failed(); }
   /// Whether the watchdog aborted this rank's communicators; waits for an abort under way to
@@ -374,7 +393,7 @@ public:
   void barrier() {
     counters_.record(op_kind::barrier, 0);
     float* w = state_->barrier_word;
-    issue({op_kind::barrier, dtype::f32, reduce_op::sum, 0, 0}, false, true, [&](cudaStream_t s) {
+    issue({op_kind::barrier, dtype::f32, reduce_op::sum, 0, 0}, 0, {}, true, [&](cudaStream_t s) {
       STRATA_NCCL_CHECK_NONBLOCKING(comm_, state_->deadline(), state_->options.timeout,
                                     ncclAllReduce(w, w, 1, ncclFloat32, ncclSum, comm_, s));
     });
@@ -391,6 +410,8 @@ public:
     counters_.record(op_kind::split, 0);
     std::uint64_t const seq = ++seq_;
     st.dog->enter(handle_, seq);
+    auto const ids = site().issue({op_kind::split, dtype::f32, reduce_op::sum, 0, 0}, seq, 0, true);
+    st.recorder->start(ids.first, ids.second);
     // Every member's (color, key), so this rank knows its new group's world ranks.
     std::string const base =
         st.prefix + "/split/" + std::to_string(id_) + "/" + std::to_string(seq) + "/";
@@ -440,6 +461,7 @@ public:
         (void)ncclCommAbort(out);
       throw;
     }
+    st.recorder->complete(ids.first, ids.second); // host work only: done when it returns
     communicator sub(state_, out, new_rank, static_cast<int>(members.size()),
                      detail::mix_id(id_, seq * 1000003u + static_cast<std::uint64_t>(color)),
                      std::move(world));
@@ -480,6 +502,7 @@ private:
   // Registers comm_ with the rank's registry and watchdog; the caller holds state_->mu.
   void enroll() {
     state_->comms.push_back({comm_, id_});
+    state_->recorder->attach(id_, world_ranks_);
     handle_ = state_->dog->attach(id_, world_ranks_);
   }
 
@@ -489,8 +512,8 @@ private:
   request all_reduce_(std::span<T const> send, std::span<T> recv, reduce_op op, bool blocking) {
     checks().all_reduce(send.size(), recv.size());
     counters_.record(op_kind::all_reduce, recv.size_bytes());
-    return issue({op_kind::all_reduce, dtype_of<T>, op, 0, recv.size()}, false, blocking,
-                 [&](cudaStream_t s) {
+    return issue({op_kind::all_reduce, dtype_of<T>, op, 0, recv.size()}, recv.size_bytes(), {},
+                 blocking, [&](cudaStream_t s) {
                    STRATA_NCCL_CHECK_NONBLOCKING(comm_, state_->deadline(), state_->options.timeout,
                                                  ncclAllReduce(send.data(), recv.data(),
                                                                recv.size(), nccl_type(dtype_of<T>),
@@ -501,8 +524,8 @@ private:
   request reduce_scatter_(std::span<T const> send, std::span<T> recv, reduce_op op, bool blocking) {
     checks().reduce_scatter(send.size(), recv.size());
     counters_.record(op_kind::reduce_scatter, send.size_bytes());
-    return issue({op_kind::reduce_scatter, dtype_of<T>, op, 0, recv.size()}, false, blocking,
-                 [&](cudaStream_t s) {
+    return issue({op_kind::reduce_scatter, dtype_of<T>, op, 0, recv.size()}, send.size_bytes(), {},
+                 blocking, [&](cudaStream_t s) {
                    STRATA_NCCL_CHECK_NONBLOCKING(
                        comm_, state_->deadline(), state_->options.timeout,
                        ncclReduceScatter(send.data(), recv.data(), recv.size(),
@@ -513,8 +536,8 @@ private:
   request all_gather_(std::span<T const> send, std::span<T> recv, bool blocking) {
     checks().all_gather(send.size(), recv.size());
     counters_.record(op_kind::all_gather, recv.size_bytes());
-    return issue({op_kind::all_gather, dtype_of<T>, reduce_op::sum, 0, send.size()}, false,
-                 blocking, [&](cudaStream_t s) {
+    return issue({op_kind::all_gather, dtype_of<T>, reduce_op::sum, 0, send.size()},
+                 recv.size_bytes(), {}, blocking, [&](cudaStream_t s) {
                    STRATA_NCCL_CHECK_NONBLOCKING(comm_, state_->deadline(), state_->options.timeout,
                                                  ncclAllGather(send.data(), recv.data(),
                                                                send.size(), nccl_type(dtype_of<T>),
@@ -525,8 +548,8 @@ private:
   request broadcast_(std::span<T const> send, std::span<T> recv, int root, bool blocking) {
     checks().broadcast(send.size(), recv.size(), root);
     counters_.record(op_kind::broadcast, recv.size_bytes());
-    return issue({op_kind::broadcast, dtype_of<T>, reduce_op::sum, root, recv.size()}, false,
-                 blocking, [&](cudaStream_t s) {
+    return issue({op_kind::broadcast, dtype_of<T>, reduce_op::sum, root, recv.size()},
+                 recv.size_bytes(), {}, blocking, [&](cudaStream_t s) {
                    STRATA_NCCL_CHECK_NONBLOCKING(
                        comm_, state_->deadline(), state_->options.timeout,
                        ncclBroadcast(rank_ == root ? static_cast<void const*>(send.data())
@@ -549,7 +572,7 @@ private:
       d.root = ops[0].peer;
       d.count = ops[0].count;
     }
-    return issue(d, true, blocking, [&](cudaStream_t s) {
+    return issue(d, 0, ops, blocking, [&](cudaStream_t s) {
       STRATA_NCCL_CHECK(ncclGroupStart());
       try {
         for (p2p const& op : ops) {
@@ -568,11 +591,18 @@ private:
     });
   }
 
+  // This communicator's place in the rank's flight recorder.
+  comm::detail::flight_site site() const noexcept {
+    return {state_->recorder.get(), id_, rank_, size_};
+  }
+
   // Every operation: under the rank's lock (never beside an abort), a failure found earlier is
-  // raised; the fence; the NCCL call(s) on the communication stream; the end event; the
+  // raised; the fence; its flight records (`bytes` as counted; a group's `ops` one each); the
+  // NCCL call(s) on the communication stream; the end event; the records started; the
   // watchdog arms its slot; a blocking call makes the compute stream wait for the end.
   template <class Calls>
-  request issue(call_desc const& d, bool p2p, bool blocking, Calls&& calls) {
+  request issue(call_desc const& d, std::uint64_t bytes, std::span<p2p const> ops, bool blocking,
+                Calls&& calls) {
     auto& st = *state_;
     cuda_context& ctx = *st.ctx;
     std::lock_guard lock(st.mu);
@@ -583,8 +613,11 @@ private:
                        ": this rank's NCCL communicators were aborted or moved from");
     ctx.record(st.fence, ctx.compute_stream());
     ctx.wait(ctx.comm_stream(), st.fence);
-    std::uint64_t const seq = p2p ? ++p2p_seq_ : ++seq_;
-    auto const t = st.dog->begin(handle_, seq, d, p2p);
+    bool const is_group = d.kind == op_kind::send || d.kind == op_kind::recv;
+    std::uint64_t const seq = is_group ? ++p2p_seq_ : ++seq_;
+    auto const ids =
+        is_group ? site().issue(ops, seq, blocking) : site().issue(d, seq, bytes, blocking);
+    auto const t = st.dog->begin(handle_, seq, d, is_group, comm::detail::last_id(ids));
     try {
       calls(ctx.comm_stream());
       ctx.record(st.ends[t.slot], ctx.comm_stream());
@@ -592,6 +625,7 @@ private:
       st.dog->cancel(t);
       throw;
     }
+    st.recorder->start(ids.first, ids.second); // before commit: the watchdog completes started
     st.dog->commit(t);
     if (blocking)
       ctx.wait(ctx.compute_stream(), st.ends[t.slot]);
