@@ -9,6 +9,7 @@
 
 #include "../support/count_allocations.hpp"
 #include "../support/seed.hpp"
+#include "flight_test_support.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -24,8 +25,6 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
 namespace sc = strata::comm;
 namespace fs = std::filesystem;
 using Catch::Matchers::Contains;
@@ -33,22 +32,9 @@ using strata::test::allocations;
 
 namespace {
 
-sc::comm_options options(std::size_t records, double timeout_s = 60, std::string dir = "") {
-  sc::comm_options o;
-  o.timeout = std::chrono::duration<double>(timeout_s);
-  o.flight_recorder = records;
-  o.flight_recorder_dir = std::move(dir);
-  return o;
-}
-
-fs::path fresh_dir(std::string const& name) {
-  std::random_device rd;
-  fs::path const d =
-      fs::temp_directory_path() /
-      ("strata_flight_" + name + "_" + std::to_string(::getpid()) + "_" + std::to_string(rd()));
-  fs::remove_all(d);
-  return d;
-}
+using strata::test::flight_options;
+using strata::test::fresh_dir;
+using strata::test::run_command;
 
 // Called from every rank's thread: a generator a thread, seeded from the test's seed.
 std::vector<float> random_floats(std::size_t n) {
@@ -111,7 +97,7 @@ TEST_CASE("the flight recorder's ring keeps the last N calls in order when it wr
           c.all_reduce(std::span<float>(a), sc::reduce_op::sum);
         dumps[static_cast<std::size_t>(c.rank())] = c.recorder().snapshot();
       },
-      options(8));
+      flight_options(8));
   for (auto const& dd : dumps) {
     REQUIRE(dd.records.size() == 8);
     for (std::size_t k = 0; k < 8; ++k) {
@@ -133,20 +119,7 @@ TEST_CASE("recording a call allocates nothing", "[comm][flight][alloc]") {
       n,
       [&](sc::local::communicator& c) {
         int const r = c.rank();
-        std::vector<float> a(1000, 1.0f), big(1000 * static_cast<std::size_t>(n), 2.0f);
-        std::vector<double> d(100, 3.0), in(100);
-        sc::p2p const ring[] = {sc::p2p::send(std::span<double const>(d), (r + 1) % n),
-                                sc::p2p::recv(std::span<double>(in), (r + n - 1) % n)};
-        auto step = [&] {
-          c.all_reduce(std::span<float>(a), sc::reduce_op::sum);
-          c.reduce_scatter(std::span<float const>(big), std::span<float>(a), sc::reduce_op::avg);
-          c.all_gather(std::span<float const>(a), std::span<float>(big));
-          c.broadcast(std::span<double>(d), n - 1);
-          c.group(std::span<sc::p2p const>(ring));
-          auto q = c.all_reduce_async(std::span<float>(a), sc::reduce_op::max);
-          q.wait();
-          c.barrier();
-        };
+        strata::test::every_call step(c);
         step(); // warm-up: starts the async worker
         c.barrier();
         std::uint64_t const first = c.recorder().recorded();
@@ -158,7 +131,7 @@ TEST_CASE("recording a call allocates nothing", "[comm][flight][alloc]") {
         c.barrier();
         during[static_cast<std::size_t>(r)] = after - before;
       },
-      options(64)); // fewer records than calls: the ring wraps during the loop
+      flight_options(64)); // fewer records than calls: the ring wraps during the loop
   for (long v : during)
     REQUIRE(v == 0);
   for (std::uint64_t v : recorded)
@@ -173,24 +146,8 @@ TEST_CASE("a rank's extra all_reduce: the timeout dumps every rank and the analy
   std::mutex mu;
   REQUIRE_THROWS_AS(
       sc::local::run(
-          4,
-          [&](sc::local::communicator& c) {
-            std::vector<float> a(10, 1.0f);
-            for (int i = 0; i < 3; ++i)
-              c.all_reduce(std::span<float>(a), sc::reduce_op::sum);
-            if (c.rank() == 0) {
-              try {
-                c.all_reduce(std::span<float>(a), sc::reduce_op::sum); // #4: nobody else
-              } catch (strata::comm_timeout const& e) {
-                std::lock_guard lock(mu);
-                error = e.what();
-                throw;
-              }
-            } else {
-              std::this_thread::sleep_for(std::chrono::milliseconds(2500)); // other work
-            }
-          },
-          options(64, 0.5, dir.string())),
+          4, [&](sc::local::communicator& c) { strata::test::extra_all_reduce(c, error, mu); },
+          flight_options(64, 0.5, dir.string())),
       strata::comm_timeout);
   INFO(error);
   REQUIRE_THAT(error, Contains("all_reduce(count 10, f32, sum) #4"));
@@ -226,16 +183,9 @@ TEST_CASE("a rank's extra all_reduce: the timeout dumps every rank and the analy
 
   // The command-line tool says the same and exits 3.
   std::string const cmd = std::string(STRATA_FLIGHT_TOOL) + " analyse " + dir.string();
-  FILE* p = ::popen(cmd.c_str(), "r");
-  REQUIRE(p);
-  std::string out;
-  char buf[4096];
-  while (std::size_t k = std::fread(buf, 1, sizeof buf, p))
-    out.append(buf, k);
-  int const status = ::pclose(p);
+  auto const [out, status] = run_command(cmd);
   INFO(out);
-  REQUIRE(WIFEXITED(status));
-  REQUIRE(WEXITSTATUS(status) == 3);
+  REQUIRE(status == 3);
   REQUIRE_THAT(out,
                Contains("was issued by rank [0] (started) and never issued by ranks [1, 2, 3]"));
   fs::remove_all(dir);
@@ -258,7 +208,7 @@ TEST_CASE("the analyser finds nothing in consistent dumps and each planted diver
         c.barrier();
         c.recorder().dump(dir);
       },
-      options(64));
+      flight_options(64));
   auto dumps = strata::io::load_flight_dumps(dir);
   REQUIRE(dumps.size() == 3);
   auto const ok = sc::analyse(dumps);
@@ -384,7 +334,7 @@ TEST_CASE("the report's totals equal the communicator counters after a mixed run
         o.world_id = c.flight_id();
         o.sub_id = sub.flight_id();
       },
-      options(1024));
+      flight_options(1024));
   std::vector<sc::flight_dump> dumps;
   for (auto const& o : outs)
     dumps.push_back(o.dump);
@@ -429,5 +379,5 @@ TEST_CASE("STRATA_FLIGHT_RECORDER and STRATA_FLIGHT_RECORDER_DIR set the options
         REQUIRE_FALSE(c.recorder().enabled());
         REQUIRE(c.recorder().snapshot().records.empty());
       },
-      options(0));
+      flight_options(0));
 }
