@@ -54,7 +54,7 @@ inline std::string wait_timeout_text(std::string const& store, std::string const
                                      std::vector<std::string> const& missing, std::size_t total) {
   std::string names;
   for (auto const& k : missing)
-    names += (names.empty() ? "" : ", ") + detail::quoted(k);
+    names += (names.empty() ? "" : ", ") + ::strata::comm::detail::quoted(k);
   return store + " wait at " + endpoint + " timed out after " + seconds_text(timeout) + ": " +
          std::to_string(missing.size()) + " of " + std::to_string(total) +
          " keys still missing: " + names +
