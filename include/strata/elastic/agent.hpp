@@ -483,8 +483,10 @@ private:
         }
         if (auto const f = rdzv->failure(r)) {
           auto rec = failure_record::unpack(*f);
-          say("round " + std::to_string(r.round) + ": rank " + std::to_string(rec.rank) + " on " +
-              rec.host + " failed; stopping this node's workers");
+          say("round " + std::to_string(r.round) + ": " +
+              (rec.rank >= 0 ? "rank " + std::to_string(rec.rank) + " on " + rec.host : rec.host) +
+              " failed (" + rec.message.substr(0, rec.message.find('\n')) +
+              "); stopping this node's workers");
           failures_.push_back(std::move(rec));
           return round_end::failed;
         }
