@@ -273,50 +273,61 @@ TEST_CASE("a rank slower than the others is named in the straggler report",
   CHECK(t.find("rank 2: busy") == std::string::npos);
 }
 
+// Agent i of a --nnodes 2:3 job over `backend` at `endpoint`, its workers running ~5 s.
+std::vector<std::string> elastic_node(scratch const& s, int i, std::string const& id,
+                                      std::string const& backend, std::string const& endpoint) {
+  return args{"--nnodes",
+              "2:3",
+              "--nproc-per-node",
+              "1",
+              "--rdzv-backend",
+              backend,
+              "--rdzv-endpoint",
+              endpoint,
+              "--rdzv-id",
+              id,
+              "--max-restarts",
+              "3",
+              "--rdzv-conf",
+              "join_timeout=30,last_call_timeout=1,keep_alive_interval=0.2,"
+              "keep_alive_max_attempt=3",
+              "--log-dir",
+              (s.dir / ("node" + std::to_string(i))).string()} +
+         worker({"--steps", "250"}, s.dir / "out");
+}
+
+// Three agents; node 2 (its agent and its worker) killed once all run: the other two re-form
+// the group at WORLD_SIZE 2, one restart counted.
+void node_lost(scratch const& s, std::string const& backend, std::string const& endpoint) {
+  agent_process a0(elastic_node(s, 0, "lost", backend, endpoint), s.dir / "a0.log");
+  std::this_thread::sleep_for(200ms); // with tcp, a0 hosts the store
+  agent_process a1(elastic_node(s, 1, "lost", backend, endpoint), s.dir / "a1.log");
+  agent_process a2(elastic_node(s, 2, "lost", backend, endpoint), s.dir / "a2.log");
+  for (int r = 0; r < 3; ++r) {
+    INFO(a0.text() << "\n--\n" << a1.text() << "\n--\n" << a2.text());
+    REQUIRE(wait_for(s.dir / "out" / ("env_0_3_" + std::to_string(r)), 30s));
+  }
+  auto const victim = read_env(s.dir / "out" / "env_0_3_2");
+  a2.kill_now();
+  ::kill(std::stoi(victim.at("PID")), SIGKILL);
+  for (int r = 0; r < 2; ++r)
+    CHECK(wait_for(s.dir / "out" / ("env_1_2_" + std::to_string(r)), 30s));
+  int const e0 = a0.wait(60s), e1 = a1.wait(60s);
+  INFO(a0.text() << "\n--\n" << a1.text());
+  CHECK(e0 == 0);
+  CHECK(e1 == 0);
+  CHECK(a0.text().find("stopped its heartbeat") != std::string::npos);
+  CHECK(read_env(s.dir / "out" / "env_1_2_1").at("TORCHELASTIC_RESTART_COUNT") == "1");
+}
+
 TEST_CASE("tcp rendezvous: a node lost re-forms the group at the new WORLD_SIZE; a node joining "
           "re-forms it without a restart",
           "[elastic][tcp]") {
   scratch s("tcp");
-  int const port = free_port();
-  auto node = [&](int i, std::string const& id) {
-    return std::vector<std::string>{"--nnodes",
-                                    "2:3",
-                                    "--nproc-per-node",
-                                    "1",
-                                    "--rdzv-backend",
-                                    "tcp",
-                                    "--rdzv-endpoint",
-                                    "127.0.0.1:" + std::to_string(port),
-                                    "--rdzv-id",
-                                    id,
-                                    "--max-restarts",
-                                    "3",
-                                    "--rdzv-conf",
-                                    "join_timeout=30,last_call_timeout=1,keep_alive_interval=0.2,"
-                                    "keep_alive_max_attempt=3",
-                                    "--log-dir",
-                                    (s.dir / ("node" + std::to_string(i))).string()} +
-           worker({"--steps", "250"}, s.dir / "out");
-  };
+  std::string const endpoint = "127.0.0.1:" + std::to_string(free_port());
+  auto node = [&](int i, std::string const& id) { return elastic_node(s, i, id, "tcp", endpoint); };
   SECTION("a node lost") {
-    agent_process a0(node(0, "lost"), s.dir / "a0.log");
-    std::this_thread::sleep_for(200ms); // a0 hosts the store
-    agent_process a1(node(1, "lost"), s.dir / "a1.log");
-    agent_process a2(node(2, "lost"), s.dir / "a2.log");
-    for (int r = 0; r < 3; ++r)
-      REQUIRE(wait_for(s.dir / "out" / ("env_0_3_" + std::to_string(r)), 30s));
-    // Node 2 dies: its agent and its worker.
-    auto const victim = read_env(s.dir / "out" / "env_0_3_2");
-    a2.kill_now();
-    ::kill(std::stoi(victim.at("PID")), SIGKILL);
-    for (int r = 0; r < 2; ++r)
-      CHECK(wait_for(s.dir / "out" / ("env_1_2_" + std::to_string(r)), 30s));
-    int const e0 = a0.wait(60s), e1 = a1.wait(60s);
-    INFO(a0.text() << "\n--\n" << a1.text());
-    CHECK(e0 == 0);
-    CHECK(e1 == 0);
-    CHECK(a0.text().find("stopped its heartbeat") != std::string::npos);
-    CHECK(read_env(s.dir / "out" / "env_1_2_1").at("TORCHELASTIC_RESTART_COUNT") == "1");
+    node_lost(s, "tcp", endpoint);
   }
   SECTION("a node joining") {
     agent_process a0(node(0, "join"), s.dir / "a0.log");
@@ -337,3 +348,15 @@ TEST_CASE("tcp rendezvous: a node lost re-forms the group at the new WORLD_SIZE;
     CHECK(read_env(s.dir / "out" / "env_0_3_2").at("TORCHELASTIC_RESTART_COUNT") == "0");
   }
 }
+
+#if defined(STRATA_ETCD_EXECUTABLE)
+#include "../store/etcd_process.hpp"
+
+TEST_CASE("etcd rendezvous: a node lost re-forms the group at the new WORLD_SIZE",
+          "[elastic][etcd]") {
+  scratch s("etcd");
+  strata::test::etcd_process etcd;
+  std::string url = etcd.url();
+  node_lost(s, "etcd", url.substr(url.find("//") + 2));
+}
+#endif

@@ -11,6 +11,9 @@
 #include <strata/elastic/options.hpp>
 #include <strata/elastic/rendezvous.hpp>
 #include <strata/elastic/worker.hpp>
+#if defined(STRATA_ELASTIC_ETCD)
+#include <strata/comm/rendezvous/etcd_store.hpp> // link strata::etcd (libcurl)
+#endif
 
 #include <algorithm>
 #include <cerrno>
@@ -200,9 +203,18 @@ public:
   int run() {
     if (o_.backend == rdzv_backend::static_)
       return run_static();
-    if (o_.backend == rdzv_backend::etcd)
-      throw config_error("strata_run: --rdzv-backend etcd needs strata built with libcurl; use "
-                         "--rdzv-backend tcp");
+    auto const wait = std::chrono::milliseconds(static_cast<std::int64_t>(o_.join_timeout * 1000));
+    if (o_.backend == rdzv_backend::etcd) {
+#if defined(STRATA_ELASTIC_ETCD)
+      // etcd holds the rounds: no agent hosts anything, and any node may be lost.
+      comm::etcd_store store(o_.endpoint_host + ":" + std::to_string(o_.endpoint_port), "strata/",
+                             wait);
+      return run_dynamic(store, false);
+#else
+      throw config_error("strata_run: --rdzv-backend etcd needs strata_run built with libcurl "
+                         "(STRATA_ELASTIC_ETCD, strata::etcd); use --rdzv-backend tcp");
+#endif
+    }
     std::unique_ptr<comm::tcp_store_server> server;
     try {
       server = std::make_unique<comm::tcp_store_server>(o_.endpoint_host, o_.endpoint_port);
@@ -211,18 +223,22 @@ public:
     } catch (comm_error const&) {
       // Another agent hosts it (torchrun's c10d: the first agent that binds the endpoint).
     }
-    comm::tcp_store store(
-        o_.endpoint_host, o_.endpoint_port,
-        std::chrono::milliseconds(static_cast<std::int64_t>(o_.join_timeout * 1000)));
+    comm::tcp_store store(o_.endpoint_host, o_.endpoint_port, wait);
     return run_dynamic(store, server != nullptr);
   }
 
   /// The failures so far (the first is the root cause).
-  std::vector<failure_record> const& failures() const noexcept { return failures_; }
-  int restarts() const noexcept { return restart_count_; }
+  std::vector<failure_record> const& failures() const noexcept {
+    return failures_;
+  }
+  int restarts() const noexcept {
+    return restart_count_;
+  }
 
 private:
-  void say(std::string const& s) { log_("strata_run: " + s); }
+  void say(std::string const& s) {
+    log_("strata_run: " + s);
+  }
 
   int run_static() {
     round_info r;
