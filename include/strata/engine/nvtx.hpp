@@ -45,7 +45,10 @@ public:
   /// Makes the names of the passes' operations, when the passes are not those it last saw.
   void sync(std::vector<std::unique_ptr<pass<T, Device>>> const& passes) {
     if (!created_) { // (null without a tool: every call below is then a stub's return)
-      domain_ = nvtxDomainCreateA("strata");
+      // Once a process, under the static's guard: nvtx3's lazy initialisation writes its
+      // globals unsynchronised, so ranks (threads) that create the domain at once race there.
+      static nvtxDomainHandle_t const domain = nvtxDomainCreateA("strata");
+      domain_ = domain;
       created_ = true;
     }
     bool same = seen_.size() == passes.size();
