@@ -458,9 +458,7 @@ private:
               std::string why;
               if (w.exit_code < 0)
                 why = "killed by " + detail::signal_name(-w.exit_code);
-              auto f = record_of(w, r.round, why.empty() ? std::string() : why);
-              if (f.message.empty())
-                f.message = read_error_file(w.error_file);
+              auto f = record_of(w, r.round, std::move(why));
               return fail(r, rdzv, std::move(f));
             }
           }
