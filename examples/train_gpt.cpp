@@ -1,11 +1,15 @@
 // The training demo: a character-level GPT trained on a real text — the GPL under
 // /usr/share/common-licenses (present on every Debian machine) or any file given by --data —
 // or a GPT trained on a file of token ids (nanoGPT's train.bin), under a parallel layout chosen
-// by flags, on in-process ranks (threads; the default) or under mpirun with --backend mpi.
+// by flags, on in-process ranks (threads; the default), under mpirun with --backend mpi, or
+// as one process a rank under strata_run (or any launcher that sets torchrun's RANK,
+// WORLD_SIZE, MASTER_ADDR and MASTER_PORT) with --backend gloo.
 //
 //   strata_train_gpt [--dp N] [--tp N] [--pp N] [--zero S] [--schedule gpipe|1f1b|interleaved]
 //                    [--micro-batches M] [--precision fp32|bf16|fp16]
-//                    [--recompute none|full|selective|every:K|offload] [--backend local|mpi]
+//                    [--recompute none|full|selective|every:K|offload]
+//                    [--backend local|mpi|gloo] [--checkpoint DIR] [--checkpoint-every N]
+//                    [--loss-log FILE]
 //                    [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] [--steps N]
 //                    [--batch B] [--seq T] [--layers L] [--features D] [--heads H] [--lr LR]
 //                    [--seed S] [--eval-every N] [--csv FILE] [--svg FILE]
@@ -40,6 +44,19 @@
 // warm-up step first), writes each rank's Chrome trace into DIR, merges them into
 // DIR/trace.json and prints where to open it (docs/profiling.md).
 //
+// With --backend gloo the world is the launcher's (WORLD_SIZE processes) and --dp, when not
+// given, is WORLD_SIZE / (tp x pp): under strata_run's elastic rendezvous the same command runs
+// on whatever number of nodes the round formed, with --batch (the global batch) kept. Each
+// process reports its steps to the agent (elastic::progress_reporter: the section timeout and
+// the straggler report) and writes an error file that the agent quotes when it fails
+// (elastic::run_recorded); a collective that fails (a peer died) is printed with the time.
+//
+// With --checkpoint DIR the run starts from DIR's newest complete checkpoint when there is one
+// (the model, the optimizer, the step and the data loader's place: any layout, any number of
+// ranks) and saves one every --checkpoint-every N steps (0: only at the end). --loss-log FILE
+// appends a line a step from rank 0: "step S loss L world W restart R unix_ms T", L in C's
+// hexadecimal floating point (exact), R TORCHELASTIC_RESTART_COUNT, T the step's end.
+//
 // With --generate N, after training it continues --prompt (default: the first 32 tokens of the
 // validation text) by N tokens, one trainer.predict a token on the last --seq tokens: the
 // argmax (greedy) by default, or with --temperature T > 0 a sample from softmax(logits / T)
@@ -52,6 +69,7 @@
 #include <strata/data/text_dataset.hpp>
 #include <strata/data/token_file.hpp>
 #include <strata/data/token_file_dataset.hpp>
+#include <strata/elastic/worker.hpp>
 #include <strata/models/gpt.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/schedule.hpp>
@@ -61,12 +79,19 @@
 #if STRATA_DEMO_MPI
 #include <strata/comm/mpi.hpp>
 #endif
+#if STRATA_DEMO_GLOO
+#include <strata/comm/gloo.hpp>
+#endif
 #if STRATA_DEMO_PROFILE
 #include <strata/profile/chrome_trace.hpp>
+#endif
+#if STRATA_DEMO_CHECKPOINT
+#include <strata/io/trainer_checkpoint.hpp>
 #endif
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -96,12 +121,16 @@ struct options {
   std::string csv = "strata_train_gpt.csv", svg = "strata_train_gpt.svg";
   double lr = 5e-3, expect_margin = -1;
   std::uint64_t seed = 1234;
-  std::size_t generate = 0; // tokens to generate after training
-  double temperature = 0;   // 0: greedy
-  std::string prompt;       // empty: the start of the validation text
-  bool tie = false;         // the head reads the token table (GPT-2's tied embeddings)
-  std::string profile;      // a directory for the Chrome traces; empty: no profiler
-  std::size_t timers = 50;  // the timers block every N steps (0: never)
+  std::size_t generate = 0;         // tokens to generate after training
+  double temperature = 0;           // 0: greedy
+  std::string prompt;               // empty: the start of the validation text
+  bool tie = false;                 // the head reads the token table (GPT-2's tied embeddings)
+  std::string profile;              // a directory for the Chrome traces; empty: no profiler
+  std::size_t timers = 50;          // the timers block every N steps (0: never)
+  bool dp_given = false;            // --dp was given (with gloo, else WORLD_SIZE / (tp x pp))
+  std::string checkpoint;           // a checkpoint root to resume from and save into; empty: none
+  std::size_t checkpoint_every = 0; // steps between saves (0: at the end only)
+  std::string loss_log;             // rank 0's step losses, exact, appended; empty: none
 };
 
 [[noreturn]] void usage(std::string const& why) {
@@ -110,12 +139,12 @@ struct options {
                "usage: strata_train_gpt [--dp N] [--tp N] [--pp N] [--zero S] "
                "[--schedule gpipe|1f1b|interleaved] [--micro-batches M] "
                "[--precision fp32|bf16|fp16] [--recompute none|full|selective|every:K|offload] "
-               "[--backend local|mpi] [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] "
+               "[--backend local|mpi|gloo] [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] "
                "[--steps N] [--batch B] [--seq T] "
                "[--layers L] [--features D] [--heads H] [--lr LR] [--seed S] [--eval-every N] "
                "[--csv FILE] [--svg FILE] [--expect-margin NATS] [--generate N] "
                "[--temperature T] [--prompt TEXT] [--tie-embeddings 0|1] [--profile DIR] "
-               "[--timers N]\n",
+               "[--timers N] [--checkpoint DIR] [--checkpoint-every N] [--loss-log FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -171,9 +200,10 @@ options parse(int argc, char** argv) {
       number(o.eval_every);
     else if (a == "--expect-margin")
       number(o.expect_margin);
-    else if (a == "--dp")
+    else if (a == "--dp") {
       number(o.dp);
-    else if (a == "--tp")
+      o.dp_given = true;
+    } else if (a == "--tp")
       number(o.tp);
     else if (a == "--pp")
       number(o.pp);
@@ -184,7 +214,7 @@ options parse(int argc, char** argv) {
     else if (a == "--precision")
       o.precision = one_of({"fp32", "bf16", "fp16"});
     else if (a == "--backend")
-      o.backend = one_of({"local", "mpi"});
+      o.backend = one_of({"local", "mpi", "gloo"});
     else if (a == "--recompute") {
       if (v.rfind("every:", 0) != 0)
         o.recompute = one_of({"none", "full", "selective", "offload"});
@@ -206,6 +236,16 @@ options parse(int argc, char** argv) {
 #endif
     } else if (a == "--timers")
       number(o.timers);
+    else if (a == "--checkpoint") {
+#if STRATA_DEMO_CHECKPOINT
+      o.checkpoint = v;
+#else
+      usage("--checkpoint needs a build with nlohmann_json (the checkpoint's index)");
+#endif
+    } else if (a == "--checkpoint-every")
+      number(o.checkpoint_every);
+    else if (a == "--loss-log")
+      o.loss_log = v;
     else if (a == "--csv")
       o.csv = v;
     else if (a == "--svg")
@@ -217,7 +257,9 @@ options parse(int argc, char** argv) {
     usage("--dp, --tp and --pp take sizes >= 1");
   if (o.zero > 3)
     usage("--zero takes 0 (data parallel), 1, 2 or 3");
-  if (o.batch % static_cast<std::size_t>(o.dp) != 0)
+  if (o.checkpoint_every != 0 && o.checkpoint.empty())
+    usage("--checkpoint-every needs --checkpoint DIR");
+  if (o.backend != "gloo" && o.batch % static_cast<std::size_t>(o.dp) != 0)
     usage("--batch " + std::to_string(o.batch) + " does not split over --dp " +
           std::to_string(o.dp) + ": give a multiple of it");
   return o;
@@ -255,6 +297,12 @@ st::runtime_layout layout_of(options const& o) {
   if (r.every > 0 || r.selective)
     l.add("recompute", r);
   return l;
+}
+
+long long unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 double mib(std::size_t bytes) {
@@ -511,6 +559,46 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
     return sum / static_cast<double>(val_batches);
   };
 
+  std::size_t first = 1; // the first step this run takes
+#if STRATA_DEMO_CHECKPOINT
+  if (!o.checkpoint.empty()) {
+    // Every rank finds the same newest complete checkpoint (no save is in flight at a start);
+    // the ranks check that they agree before loading.
+    auto const found = st::io::store(o.checkpoint).find_latest();
+    std::int64_t lo = found ? found->step : -1, hi = lo;
+    world.all_reduce(std::span<std::int64_t>(&lo, 1), st::comm::reduce_op::min);
+    world.all_reduce(std::span<std::int64_t>(&hi, 1), st::comm::reduce_op::max);
+    if (lo != hi)
+      throw st::config_error("the ranks found different newest checkpoints under --checkpoint " +
+                             o.checkpoint + " (steps " + std::to_string(lo) + " and " +
+                             std::to_string(hi) + "): give every rank the same directory");
+    if (found) {
+      auto const step = st::io::load(trainer, mesh, found->path);
+      if (auto const l = st::io::saved_loader_state(found->path))
+        train_loader.load(*l);
+      first = static_cast<std::size_t>(step) + 1;
+      if (lead)
+        std::printf("resumed from %s (step %lld) on %d ranks\n", found->path.string().c_str(),
+                    static_cast<long long>(step), world.size());
+    }
+  }
+#endif
+  std::FILE* loss_log = nullptr;
+  if (lead && !o.loss_log.empty()) {
+    loss_log = std::fopen(o.loss_log.c_str(), "a");
+    if (loss_log == nullptr)
+      throw st::config_error("--loss-log " + o.loss_log + " cannot be opened for appending");
+  }
+  struct closer {
+    std::FILE* f;
+    ~closer() {
+      if (f)
+        std::fclose(f);
+    }
+  } const close_log{loss_log};
+  int const restart = st::elastic::restart_count();
+  st::elastic::progress_reporter progress; // for strata_run's agent; idle without one
+
   std::vector<step_row> rows;
   double compute_s = 0, comm_s = 0;
   st::profile::timers timers;
@@ -527,8 +615,19 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
         [&](st::profile::profiler& p) { st::profile::write_chrome_trace(p, rank_trace); },
         st::profile::process_of(mesh));
 #endif
-  for (std::size_t s = 1; s <= o.steps; ++s) {
-    auto const r = trainer.step(train_loader.next());
+  for (std::size_t s = first; s <= o.steps; ++s) {
+    auto const r = [&] {
+      try {
+        return trainer.step(train_loader.next());
+      } catch (st::comm_error const& e) {
+        // A peer died or timed out: said with the time, for whoever measures the failover.
+        std::fprintf(stderr,
+                     "strata_train_gpt: rank %d left step %zu's collective at unix_ms %lld: "
+                     "%s\n",
+                     world.rank(), s, static_cast<long long>(unix_ms()), e.what());
+        throw;
+      }
+    }();
 #if STRATA_DEMO_PROFILE
     if (profiler)
       profiler->step(trainer);
@@ -541,6 +640,17 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
     double peak = static_cast<double>(trainer.ledger().peak()); // the largest of any rank
     world.all_reduce(std::span<double>(&peak, 1), st::comm::reduce_op::max);
     double const compute = r.forward + r.backward + r.optimizer;
+    progress.report(static_cast<std::int64_t>(s), compute);
+    if (loss_log) {
+      std::fprintf(loss_log, "step %zu loss %a world %d restart %d unix_ms %lld\n", s, r.loss,
+                   world.size(), restart, static_cast<long long>(unix_ms()));
+      std::fflush(loss_log);
+    }
+#if STRATA_DEMO_CHECKPOINT
+    if (!o.checkpoint.empty() &&
+        ((o.checkpoint_every != 0 && s % o.checkpoint_every == 0) || s == o.steps))
+      st::io::save(trainer, mesh, o.checkpoint, {.loader = train_loader.state()});
+#endif
     compute_s += compute;
     comm_s += r.communication;
     double const tokens = static_cast<double>(o.batch * o.seq);
@@ -649,6 +759,39 @@ int main(int argc, char** argv) try {
   options const o = parse(argc, argv);
   int const world = o.dp * o.tp * o.pp;
   std::atomic<int> rc{0};
+  if (o.backend == "gloo") {
+#if STRATA_DEMO_GLOO
+    // One process a rank, from the launcher's environment; a failure goes to the error file
+    // that strata_run quotes.
+    return st::elastic::run_recorded([&] {
+      auto w = st::comm::gloo::make_world();
+      options g = o;
+      int const tp_pp = o.tp * o.pp;
+      if (!o.dp_given) {
+        if (w.size() % tp_pp != 0)
+          throw st::config_error("strata_train_gpt: WORLD_SIZE " + std::to_string(w.size()) +
+                                 " does not divide by tp x pp = " + std::to_string(tp_pp) +
+                                 ": start a multiple of it");
+        g.dp = w.size() / tp_pp;
+      } else if (w.size() != world) {
+        throw st::config_error("strata_train_gpt: the launcher started " +
+                               std::to_string(w.size()) +
+                               " processes but dp x tp x pp = " + std::to_string(world) +
+                               ": leave --dp out to take WORLD_SIZE / " + "(tp x pp)");
+      }
+      if (g.batch % static_cast<std::size_t>(g.dp) != 0)
+        throw st::config_error("strata_train_gpt: --batch " + std::to_string(g.batch) +
+                               " does not split over dp " + std::to_string(g.dp) + " (WORLD_SIZE " +
+                               std::to_string(w.size()) + "): give a multiple of every dp the " +
+                               "job may run at (12 for 2, 3 and 4)");
+      return train_any(w, g);
+    });
+#else
+    std::fprintf(stderr, "strata_train_gpt: --backend gloo: this build has no Gloo (install "
+                         "libgloo-dev and rebuild)\n");
+    return 2;
+#endif
+  }
   if (o.backend == "mpi") {
 #if STRATA_DEMO_MPI
     int const mrc = st::comm::mpi::run(argc, argv, [&](st::comm::mpi::communicator& w) {

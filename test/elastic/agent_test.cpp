@@ -5,139 +5,27 @@
 // the TCP rendezvous, a node lost (its agent and worker killed) re-forming the group at the new
 // WORLD_SIZE, and a node joining re-forming it without a restart. The agents and workers are real
 // processes on loopback (STRATA_RUN and STRATA_ELASTIC_WORKER name the programs).
+#include "harness.hpp"
+
 #include <strata/elastic/options.hpp>
 #include <strata/elastic/worker.hpp>
 
 #include <catch2/catch.hpp>
 
-#include <chrono>
 #include <csignal>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <fcntl.h>
-#include <netinet/in.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-extern char** environ;
-
-namespace fs = std::filesystem;
 namespace se = strata::elastic;
-using namespace std::chrono_literals;
-using args = std::vector<std::string>;
+using namespace strata::test::elastic;
 
 namespace {
-
-struct scratch {
-  fs::path dir;
-  explicit scratch(std::string const& name) {
-    dir = fs::temp_directory_path() / ("strata_elastic_" + name + "_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
-    fs::create_directories(dir / "out");
-  }
-  ~scratch() { fs::remove_all(dir); }
-};
-
-// A strata_run process with its output in `log`.
-struct agent_process {
-  pid_t pid = -1;
-  fs::path log;
-  int status = -1;
-
-  agent_process(std::vector<std::string> argl, fs::path log_path) : log(std::move(log_path)) {
-    argl.insert(argl.begin(), STRATA_RUN);
-    std::vector<char*> argv;
-    for (auto& a : argl)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    REQUIRE(posix_spawn(&pid, STRATA_RUN, &fa, nullptr, argv.data(), environ) == 0);
-    posix_spawn_file_actions_destroy(&fa);
-  }
-  ~agent_process() {
-    if (status == -1 && pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  // The exit code, or -signal; -1000 when it did not end within `limit`.
-  int wait(std::chrono::seconds limit) {
-    auto const deadline = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int s = 0;
-      if (::waitpid(pid, &s, WNOHANG) == pid) {
-        status = WIFEXITED(s) ? WEXITSTATUS(s) : -WTERMSIG(s);
-        return status;
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    return -1000;
-  }
-  void kill_now() {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    status = -SIGKILL;
-  }
-  std::string text() const {
-    std::ifstream f(log);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
-};
-
-std::map<std::string, std::string> read_env(fs::path const& p) {
-  std::map<std::string, std::string> m;
-  std::ifstream f(p);
-  std::string line;
-  while (std::getline(f, line))
-    if (auto const eq = line.find('='); eq != std::string::npos)
-      m[line.substr(0, eq)] = line.substr(eq + 1);
-  return m;
-}
-
-bool wait_for(fs::path const& p, std::chrono::seconds limit) {
-  auto const deadline = std::chrono::steady_clock::now() + limit;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (fs::exists(p) && read_env(p).count("TORCHELASTIC_ERROR_FILE"))
-      return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
-
-int free_port() {
-  int const fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::vector<std::string> worker(std::vector<std::string> extra, fs::path const& out) {
   std::vector<std::string> a{STRATA_ELASTIC_WORKER, "--out", out.string()};
   a.insert(a.end(), extra.begin(), extra.end());
-  return a;
-}
-
-std::vector<std::string> operator+(std::vector<std::string> a, std::vector<std::string> const& b) {
-  a.insert(a.end(), b.begin(), b.end());
   return a;
 }
 
@@ -276,23 +164,10 @@ TEST_CASE("a rank slower than the others is named in the straggler report",
 // Agent i of a --nnodes 2:3 job over `backend` at `endpoint`, its workers running ~5 s.
 std::vector<std::string> elastic_node(scratch const& s, int i, std::string const& id,
                                       std::string const& backend, std::string const& endpoint) {
-  return args{"--nnodes",
-              "2:3",
-              "--nproc-per-node",
-              "1",
-              "--rdzv-backend",
-              backend,
-              "--rdzv-endpoint",
-              endpoint,
-              "--rdzv-id",
-              id,
-              "--max-restarts",
-              "3",
-              "--rdzv-conf",
-              "join_timeout=30,last_call_timeout=1,keep_alive_interval=0.2,"
-              "keep_alive_max_attempt=3",
-              "--log-dir",
-              (s.dir / ("node" + std::to_string(i))).string()} +
+  return node_flags("2:3", backend, endpoint, id,
+                    "join_timeout=30,last_call_timeout=1,keep_alive_interval=0.2,"
+                    "keep_alive_max_attempt=3",
+                    s.dir / ("node" + std::to_string(i))) +
          worker({"--steps", "250"}, s.dir / "out");
 }
 
@@ -307,16 +182,24 @@ void node_lost(scratch const& s, std::string const& backend, std::string const& 
     INFO(a0.text() << "\n--\n" << a1.text() << "\n--\n" << a2.text());
     REQUIRE(wait_for(s.dir / "out" / ("env_0_3_" + std::to_string(r)), 30s));
   }
-  auto const victim = read_env(s.dir / "out" / "env_0_3_2");
-  a2.kill_now();
-  ::kill(std::stoi(victim.at("PID")), SIGKILL);
+  // The agents join in any order: the node that holds rank 2 is the one whose agent is the
+  // worker's parent.
+  pid_t const worker_pid = std::stoi(read_env(s.dir / "out" / "env_0_3_2").at("PID"));
+  pid_t const owner = parent_of(worker_pid);
+  agent_process* const victim = owner == a0.pid ? &a0 : owner == a1.pid ? &a1 : &a2;
+  REQUIRE(owner == victim->pid);
+  victim->kill_now();
+  ::kill(worker_pid, SIGKILL);
+  agent_process& s0 = victim == &a0 ? a1 : a0;
+  agent_process& s1 = victim == &a2 ? a1 : a2;
   for (int r = 0; r < 2; ++r)
     CHECK(wait_for(s.dir / "out" / ("env_1_2_" + std::to_string(r)), 30s));
-  int const e0 = a0.wait(60s), e1 = a1.wait(60s);
-  INFO(a0.text() << "\n--\n" << a1.text());
+  int const e0 = s0.wait(60s), e1 = s1.wait(60s);
+  std::string const t0 = s0.text(), t1 = s1.text();
+  INFO(t0 << "\n--\n" << t1);
   CHECK(e0 == 0);
   CHECK(e1 == 0);
-  CHECK(a0.text().find("stopped its heartbeat") != std::string::npos);
+  CHECK((t0 + t1).find("stopped its heartbeat") != std::string::npos);
   CHECK(read_env(s.dir / "out" / "env_1_2_1").at("TORCHELASTIC_RESTART_COUNT") == "1");
 }
 

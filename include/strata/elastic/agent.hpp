@@ -455,6 +455,16 @@ private:
             w.running = false;
             w.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
             if (w.exit_code != 0) {
+              // A node waiting to join makes every agent stop its workers; a worker whose peer
+              // was stopped first fails in its collective. That failure is the re-forming's,
+              // not a restart's: counted, it would also give the nodes different restart
+              // counts (the workers' TORCHELASTIC_RESTART_COUNT, which must agree).
+              if (rdzv != nullptr && r.nnodes < o_.max_nodes && rdzv->waiting(r) > 0) {
+                say("round " + std::to_string(r.round) + ": rank " + std::to_string(w.rank) +
+                    " stopped (exit code " + std::to_string(w.exit_code) +
+                    ") while a node waits to join");
+                return round_end::membership_changed;
+              }
               std::string why;
               if (w.exit_code < 0)
                 why = "killed by " + detail::signal_name(-w.exit_code);

@@ -7,12 +7,15 @@
 
 #include <gloo/transport/tcp/device.h>
 
+#include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include <signal.h>
 #include <unistd.h>
 
 namespace strata::comm::gloo {
@@ -56,9 +59,22 @@ inline bool is_loopback(std::string const& host) {
   return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
 }
 
+// Gloo writes to its peers' sockets with writev, which raises SIGPIPE once a peer has died,
+// and SIGPIPE's default action ends the process before Gloo can report the error. As Python
+// (and so PyTorch) does at start, a process that left SIGPIPE at its default ignores it from
+// here: the write fails with EPIPE and the collective raises comm_error naming the peer. A
+// handler the program installed is kept.
+inline void ignore_sigpipe() noexcept {
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && (old.sa_flags & SA_SIGINFO) == 0 &&
+      old.sa_handler == SIG_DFL)
+    ::signal(SIGPIPE, SIG_IGN);
+}
+
 inline communicator form_world(tcp_store& store, int rank, int size, world_options const& o,
                                std::unique_ptr<env_rendezvous> owned) {
   comm::detail::check_rank(rank, size);
+  ignore_sigpipe();
   auto j = std::make_shared<job>();
   j->options = o.comm;
   j->world_rank = rank;

@@ -185,20 +185,29 @@ struct group_state {
         waiter.sleepers.fetch_sub(1);
         job->throw_abort();
       }
+      // A rank has gone when it has left *and* is still pending, read in that order: a rank
+      // arrives before it leaves, so once its leaving is seen its arrival is too. (Read the
+      // other way round, a rank that arrived, finished and left between the two reads looked
+      // gone: a spurious failure naming no rank.)
+      auto gone_rank = [&](int j) {
+        return job->left[world_ranks[static_cast<std::size_t>(j)]].load() && pending(j);
+      };
       bool any_gone = false;
       for (int j = 0; j < size && !any_gone; ++j)
-        any_gone = pending(j) && job->left[world_ranks[static_cast<std::size_t>(j)]].load();
+        any_gone = gone_rank(j);
       auto const now = clock::now();
       if (any_gone || now >= deadline) {
         waiter.sleepers.fetch_sub(1);
+        if (ready())
+          return;
         // The failure path: allocating here is fine.
         std::vector<int> missing, gone;
         for (int j = 0; j < size; ++j)
+          if (gone_rank(j))
+            gone.push_back(j);
+        for (int j = 0; j < size; ++j)
           if (pending(j))
             missing.push_back(j);
-        for (int j : missing)
-          if (job->left[world_ranks[static_cast<std::size_t>(j)]].load())
-            gone.push_back(j);
         std::string msg = "strata: " + what() + " on a " + name() + " ";
         failure_kind kind;
         if (!gone.empty()) {
