@@ -565,21 +565,21 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
     // Every rank finds the same newest complete checkpoint (no save is in flight at a start);
     // the ranks check that they agree before loading.
     auto const found = st::io::store(o.checkpoint).find_latest();
-    std::int64_t lo = found ? found->step : -1, hi = lo;
-    world.all_reduce(std::span<std::int64_t>(&lo, 1), st::comm::reduce_op::min);
-    world.all_reduce(std::span<std::int64_t>(&hi, 1), st::comm::reduce_op::max);
-    if (lo != hi)
+    std::int64_t const step = found ? found->step : -1;
+    std::int64_t range[2] = {-step, step}; // one all-reduce (max) gives the lowest and highest
+    world.all_reduce(std::span<std::int64_t>(range, 2), st::comm::reduce_op::max);
+    if (-range[0] != range[1])
       throw st::config_error("the ranks found different newest checkpoints under --checkpoint " +
-                             o.checkpoint + " (steps " + std::to_string(lo) + " and " +
-                             std::to_string(hi) + "): give every rank the same directory");
+                             o.checkpoint + " (steps " + std::to_string(-range[0]) + " and " +
+                             std::to_string(range[1]) + "; -1: none): give every rank the same " +
+                             "directory");
     if (found) {
-      auto const step = st::io::load(trainer, mesh, found->path);
+      first = static_cast<std::size_t>(st::io::load(trainer, mesh, found->path)) + 1;
       if (auto const l = st::io::saved_loader_state(found->path))
         train_loader.load(*l);
-      first = static_cast<std::size_t>(step) + 1;
       if (lead)
         std::printf("resumed from %s (step %lld) on %d ranks\n", found->path.string().c_str(),
-                    static_cast<long long>(step), world.size());
+                    static_cast<long long>(first - 1), world.size());
     }
   }
 #endif
@@ -777,7 +777,7 @@ int main(int argc, char** argv) try {
         throw st::config_error("strata_train_gpt: the launcher started " +
                                std::to_string(w.size()) +
                                " processes but dp x tp x pp = " + std::to_string(world) +
-                               ": leave --dp out to take WORLD_SIZE / " + "(tp x pp)");
+                               ": leave --dp out to take WORLD_SIZE / (tp x pp)");
       }
       if (g.batch % static_cast<std::size_t>(g.dp) != 0)
         throw st::config_error("strata_train_gpt: --batch " + std::to_string(g.batch) +
