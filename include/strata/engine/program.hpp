@@ -24,7 +24,7 @@ struct schedule_entry {
 };
 
 /// The forward and backward of each micro-batch in turn: gradient accumulation on one stage.
-inline std::vector<schedule_entry> sequential_schedule(std::size_t micro_batches) {
+constexpr std::vector<schedule_entry> sequential_schedule(std::size_t micro_batches) {
   std::vector<schedule_entry> s;
   for (std::size_t m = 0; m < micro_batches; ++m) {
     s.push_back({false, static_cast<std::uint32_t>(m), 0});
@@ -59,9 +59,10 @@ public:
   /// recompute[l] (by global layer; empty: none): layer l's backward is preceded by a
   /// forward of the same layer and micro-batch flagged `recomputing`, which re-creates what
   /// the layer's backward needs (the engine keeps only its input through the forward).
-  static program from_schedule(std::vector<schedule_entry> const& schedule,
-                               std::vector<chunk_layers> const& chunks, std::size_t micro_batches,
-                               bool training, std::vector<bool> const& recompute = {}) {
+  static constexpr program from_schedule(std::vector<schedule_entry> const& schedule,
+                                         std::vector<chunk_layers> const& chunks,
+                                         std::size_t micro_batches, bool training,
+                                         std::vector<bool> const& recompute = {}) {
     program p;
     p.micro_batches = micro_batches;
     p.slots.assign(chunks.size(), 0);

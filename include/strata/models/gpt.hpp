@@ -8,6 +8,7 @@
 
 #include <strata/core/element.hpp>
 #include <strata/engine/node.hpp>
+#include <strata/models/gpt_cost.hpp>
 #include <strata/nn/activation.hpp>
 #include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/embedding.hpp>
@@ -67,6 +68,24 @@ struct gpt_model {
   template <class U>
   gpt_model<U> rebind() const {
     return {config};
+  }
+
+  /// Its layers as the planner sees them on one rank of a tp group of `tp` ranks, for
+  /// micro-batches of `sequences` x `seq` rows in the types `sz` (gpt_layer_costs).
+  constexpr std::vector<planner::layer_cost> planner_layers(std::size_t tp, std::size_t sequences,
+                                                            std::size_t seq,
+                                                            planner::element_sizes sz) const {
+    gpt_config const& c = config;
+    return gpt_layer_costs({.vocab = c.vocab,
+                            .seq = c.seq,
+                            .features = c.features,
+                            .heads = c.heads,
+                            .layers = c.layers,
+                            .sequence_parallel = c.sequence_parallel,
+                            .resid_dropout = c.dropout > 0,
+                            .attn_dropout = c.attn_dropout > 0,
+                            .embd_dropout = c.embd_dropout > 0},
+                           tp, sequences, seq, sz);
   }
 
   /// Any builder: the host's engine::model_builder<T>, or a device's (the same model runs on

@@ -24,8 +24,8 @@ enum class balance : std::uint8_t { parameters, layers, explicit_boundaries };
 /// - explicit: `given` (first layers, starting with 0), checked.
 /// Throws config_error with the numbers and the fix when there are fewer layers than stages
 /// or the explicit boundaries are not increasing from 0 within the model.
-inline std::vector<std::size_t> partition(std::span<std::size_t const> cost, std::size_t stages,
-                                          balance how, std::span<std::size_t const> given = {}) {
+constexpr std::vector<std::size_t> partition(std::span<std::size_t const> cost, std::size_t stages,
+                                             balance how, std::span<std::size_t const> given = {}) {
   std::size_t const n = cost.size();
   if (stages == 0)
     throw config_error("strata: a pipeline of 0 stages");
