@@ -354,6 +354,21 @@ constexpr auto d = plan::descriptor();
 
 } // namespace case_26
 #endif
+#if STRATA_CASE == 27 || defined(STRATA_ALL_TWINS) // over a memory_budget
+namespace case_27 {
+// GPT-2 small's shape; 8 sequences of 1024 tokens a step in f32 under AdamW: the planner's
+// estimate is 16578453504 bytes (15.4 GiB), activations the largest kind (11.1 GiB).
+// recompute::full keeps a block's output a layer and brings it under the budget.
+using model = st::models::static_gpt_model<float, 50304, 1024, 768, 12, 12>;
+#ifdef STRATA_TWIN
+using plan = st::plan<st::recompute::full, st::memory_budget<(std::size_t{8} << 30), 8>>;
+#else
+using plan = st::plan<st::memory_budget<(std::size_t{8} << 30), 8>>;
+#endif
+static_assert(sizeof(st::trainer<model, plan>) > 0);
+
+} // namespace case_27
+#endif
 #if STRATA_CASE == 17 // no compile-time half: built and run (run_case.cmake's EXPECT=run)
 // What the compiler cannot see is checked at construction. A mesh whose tp differs from degree<N>
 // is refused with both numbers; a static_gpt_model whose config was changed after construction is

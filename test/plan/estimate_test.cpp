@@ -160,3 +160,135 @@ TEST_CASE("the estimate matches the ledger: recompute and precision", "[plan][es
   check<plan<dp, st::precision::bf16, st::precision::reduce<float>, micro_batches<2>>>(
       "dp bf16 reduce f32", gpt(), 2, {.dp = 2});
 }
+
+TEST_CASE("a memory budget: refused at construction over budget, with the table",
+          "[plan][budget]") {
+  auto const model = gpt();
+  using over = plan<dp, micro_batches<2>, st::memory_budget<(std::size_t{1} << 20), 8, 16>>;
+  using under = plan<dp, micro_batches<2>, st::memory_budget<(std::size_t{64} << 20), 8, 16>>;
+  auto const e = st::estimate<over>(model, {.dp = 2}, {.sequences = 8, .seq = 16});
+  REQUIRE(e.peak_bytes() > (std::size_t{1} << 20));
+  REQUIRE(e.peak_bytes() < (std::size_t{64} << 20));
+  std::vector<std::string> errors(2);
+  st::comm::local::run(2, [&](st::comm::local::communicator& w) {
+    st::comm::mesh mesh(w, {.dp = 2});
+    st::trainer_options o{.lr = st::optim::constant_schedule(1e-3)};
+    try {
+      st::trainer<st::models::gpt_model<float>, over> t(
+          mesh, model, st::engine::use<st::optim::adamw<float>>({}), o);
+    } catch (st::config_error const& x) {
+      errors[static_cast<std::size_t>(w.rank())] = x.what();
+    }
+    st::trainer<st::models::gpt_model<float>, under> t(
+        mesh, model, st::engine::use<st::optim::adamw<float>>({}), o);
+  });
+  for (auto const& x : errors) {
+    INFO(x);
+    CHECK(x.find("memory_budget: pipeline rank 0 would hold") != std::string::npos);
+    CHECK(x.find("over the budget of 1048576 B") != std::string::npos);
+    CHECK(x.find("activations is the largest kind") != std::string::npos);
+    CHECK(x.find("device total") != std::string::npos); // the table
+  }
+}
+
+TEST_CASE("estimate_tolerance: the trainer compares its ledger with the estimate",
+          "[plan][estimate]") {
+  std::vector<std::string> said;
+  std::mutex m;
+  auto previous = st::set_warning_handler([&](std::string_view w) {
+    std::lock_guard lock(m);
+    said.emplace_back(w);
+  });
+  auto const model = gpt();
+  auto const data = st::test::make_parity_data(model, {.sequences = 8, .seq = 16}, 7);
+  for (double tolerance : {0.15, 1e-9}) {
+    said.clear();
+    st::comm::local::run(2, [&](st::comm::local::communicator& w) {
+      st::comm::mesh mesh(w, {.dp = 2});
+      st::trainer_options o{.lr = st::optim::constant_schedule(1e-3), .clip = 1.0};
+      o.estimate_tolerance = tolerance;
+      // A fault: the ledger holds 1 MiB the plan does not (a user's buffer on the rank).
+      st::memory_ledger* l = nullptr;
+      st::trainer<st::models::gpt_model<float>, plan<zero<2>, micro_batches<2>>> t(
+          mesh, model, st::engine::use<st::optim::adamw<float>>({}), o);
+      l = &t.ledger();
+      if (tolerance < 1e-3)
+        l->record_allocate(st::memory_kind::communication, std::size_t{1} << 20);
+      t.step(data.slice(static_cast<std::size_t>(w.rank()) * 4, 4, 16, 0));
+      if (tolerance < 1e-3)
+        l->record_free(st::memory_kind::communication, std::size_t{1} << 20);
+    });
+    if (tolerance > 0.1) {
+      CHECK(said.empty());
+    } else {
+      REQUIRE(said.size() == 2); // one a rank
+      CHECK(said[0].find("differs from the planner's estimate") != std::string::npos);
+      CHECK(said[0].find("communication") != std::string::npos);
+    }
+  }
+  st::set_warning_handler(previous);
+}
+
+TEST_CASE("suggest_layouts: a model that does not fit one device gets a layout that fits",
+          "[plan][suggest]") {
+  // GPT-2 medium's shape (about 355M parameters): 5.7 GB of f32 AdamW state alone, over a
+  // 4 GiB device; 8 devices, 2 nodes of 4.
+  st::models::gpt_model<float> const medium{
+      {.vocab = 50304, .seq = 1024, .features = 1024, .heads = 16, .layers = 24}};
+  st::suggest_request q{.world = 8,
+                        .devices_per_node = 4,
+                        .memory_per_device = std::size_t{4} << 30,
+                        .global_batch = 8,
+                        .seq = 1024};
+  auto const one =
+      st::estimate(medium, st::plan<>::descriptor(), {.dp = 1}, {.sequences = 8, .seq = 1024});
+  CHECK(one.peak_bytes() > q.memory_per_device);
+  auto const s = st::suggest_layouts(medium, q);
+  INFO(st::describe(s, 5));
+  REQUIRE(!s.empty());
+  REQUIRE(s.front().fits);
+  CHECK(s.front().peak_bytes <= q.memory_per_device);
+  CHECK(s.front().mesh.tp <= 4); // within a node
+  // Every fitting layout's estimate is under the budget, every dropped one over it or refused.
+  for (auto const& x : s) {
+    if (x.fits)
+      CHECK(x.peak_bytes <= q.memory_per_device);
+    else
+      CHECK(!x.reason.empty());
+  }
+  // tp over nodes is refused with its reason.
+  bool saw_tp8 = false;
+  for (auto const& x : s)
+    if (x.mesh.tp == 8) {
+      saw_tp8 = true;
+      CHECK(!x.fits);
+      CHECK(x.reason.find("spans nodes") != std::string::npos);
+    }
+  CHECK(saw_tp8);
+}
+
+TEST_CASE("suggest_layouts: the chosen layout for a few (model, world) pairs", "[plan][suggest]") {
+  // The table docs/planner.md shows (the same request rates: 100 TFLOP/s, 100 GB/s in a node,
+  // 10 GB/s across nodes, 8 devices a node, 80 GiB each).
+  struct row {
+    std::size_t features, heads, layers, world, global_batch;
+  };
+  for (row r : {row{768, 12, 12, 8, 64}, row{2048, 16, 24, 16, 64}, row{5120, 40, 40, 64, 64}}) {
+    st::models::gpt_model<float> const g{{.vocab = 50304,
+                                          .seq = 2048,
+                                          .features = r.features,
+                                          .heads = r.heads,
+                                          .layers = r.layers}};
+    auto const s = st::suggest_layouts(g, {.world = static_cast<int>(r.world),
+                                           .memory_per_device = std::size_t{80} << 30,
+                                           .global_batch = r.global_batch,
+                                           .seq = 2048,
+                                           .precision = 1});
+    REQUIRE(!s.empty());
+    INFO(st::describe(s, 3));
+    CHECK(s.front().fits);
+    std::printf("features %zu layers %zu world %zu: %s, %.1f GiB, step %.3g s\n", r.features,
+                r.layers, r.world, s.front().name().c_str(),
+                static_cast<double>(s.front().peak_bytes) / (1 << 30), s.front().step_seconds);
+  }
+}

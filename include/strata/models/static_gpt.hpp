@@ -42,6 +42,20 @@ struct static_gpt_model : gpt_model<T> {
   /// head (the loss is not a layer); check_plan() holds stages<P> against it.
   static constexpr std::size_t layer_count = Layers + 3;
 
+  /// Its layers as the planner sees them, from the type's sizes alone (no dropout masks:
+  /// dropout is set at run time): what the compiler estimates a memory_budget with.
+  static constexpr std::vector<planner::layer_cost>
+  static_planner_layers(std::size_t tp, std::size_t sequences, std::size_t seq,
+                        planner::element_sizes sz) {
+    return gpt_layer_costs({.vocab = Vocab,
+                            .seq = Seq,
+                            .features = Features,
+                            .heads = Heads,
+                            .layers = Layers,
+                            .sequence_parallel = SequenceParallel},
+                           tp, sequences, seq, sz);
+  }
+
   static_gpt_model() : static_gpt_model(0.0) {}
   explicit static_gpt_model(double dropout) {
     this->config.vocab = Vocab;

@@ -157,6 +157,30 @@ struct plan_descriptor {
     std::size_t prefetch = 1;
     bool reshard_after_forward = true;
   } sharded{};
+  struct budget_desc {
+    std::size_t bytes = 0;     // 0: no budget
+    std::size_t sequences = 1; // per data-parallel rank per step, the budget is checked for
+    std::size_t seq = 0;       // tokens a sequence (0: the model's longest)
+    int dp = 1;                // data-parallel ranks the compiler assumes (the run uses the mesh's)
+  } budget{};
+};
+
+/// The device memory one rank may hold, all kinds together: the planner's estimate of the
+/// plan (plan/estimate.hpp) for batches of Sequences sequences of Seq tokens per data-parallel
+/// rank (Seq = 0: the model's longest) must fit. With a model whose sizes are constants
+/// (models::static_gpt_model) the compiler checks it, assuming DP data-parallel ranks and the
+/// plan's degree<N> and stages<P> (1 when not named): an over-budget plan does not compile, and
+/// the error names the dominant kind and the bytes (plan_exceeds_memory_budget<kind, estimate,
+/// budget>). The trainer checks it again on its mesh and throws config_error with the
+/// estimate's table. 80_GiB-style literals: strata::literals (plan/budget.hpp).
+template <std::size_t Bytes, std::size_t Sequences = 1, std::size_t Seq = 0, int DP = 1>
+struct memory_budget {
+  static_assert(Bytes >= 1, "strata: memory_budget<Bytes> needs Bytes >= 1");
+  static_assert(Sequences >= 1 && DP >= 1,
+                "strata: memory_budget<Bytes, Sequences, Seq, DP> needs Sequences >= 1, DP >= 1");
+  static constexpr void lower(plan_descriptor& d) noexcept {
+    d.budget = {Bytes, Sequences, Seq, DP};
+  }
 };
 
 namespace detail {
@@ -461,6 +485,11 @@ template <class... Os>
 struct is_sharded<sharded<Os...>> : std::true_type {};
 
 template <class T>
+struct is_memory_budget : std::false_type {};
+template <std::size_t B, std::size_t S, std::size_t Q, int D>
+struct is_memory_budget<memory_budget<B, S, Q, D>> : std::true_type {};
+
+template <class T>
 struct is_tensor_parallel : std::false_type {};
 template <class... Os>
 struct is_tensor_parallel<tensor_parallel<Os...>> : std::true_type {};
@@ -470,7 +499,8 @@ template <class T>
 inline constexpr bool is_builtin_v =
     is_tensor_parallel<T>::value || is_micro_batches<T>::value || is_data_parallel<T>::value ||
     is_pipeline_parallel<T>::value || is_sharded<T>::value || is_recompute<T>::value ||
-    is_precision<T>::value || is_reduce_type<T>::value || is_accumulate_type<T>::value;
+    is_precision<T>::value || is_reduce_type<T>::value || is_accumulate_type<T>::value ||
+    is_memory_budget<T>::value;
 // The library's options, and any type with an option_traits specialisation (a user's
 // strategy or policy).
 template <class T>
@@ -632,6 +662,9 @@ struct layout_option {
 struct runtime_layout {
   std::size_t micro_batches = 1;
   std::vector<layout_option> options;
+  /// A memory budget the trainer checks the planner's estimate against (memory_budget's
+  /// settings; bytes 0: none).
+  plan_descriptor::budget_desc budget{};
 
   /// Adds option O with the settings O names (or the given ones).
   template <plan_option O>
@@ -659,6 +692,7 @@ struct runtime_layout {
            "the trainer's element type, chosen by the type");
     runtime_layout l;
     l.micro_batches = d.micro_batches;
+    l.budget = d.budget;
     if (d.data_parallel.enabled)
       l.add("data_parallel", d.data_parallel);
     if (d.sharded.enabled)

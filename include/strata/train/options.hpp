@@ -58,6 +58,11 @@ struct trainer_options {
   /// not advance. Each finding is a warning (core/warning.hpp), said once by world rank 0. The
   /// same on every rank (the check is collective).
   bool detectors = true;
+  /// After the first step, compare the ledger's peaks with the planner's estimate of the plan
+  /// on this mesh and batch (plan/estimate.hpp) and warn, once, naming each kind that differs
+  /// by more than this fraction (master weights counted with the optimizer state, as the
+  /// ledger does). 0: off.
+  double estimate_tolerance = 0;
 };
 
 /// What one step did: the loss (mean over the step's micro-batches, and over data-parallel

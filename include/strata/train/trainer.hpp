@@ -28,6 +28,7 @@
 #include <strata/parallel/sharded.hpp>
 #include <strata/parallel/tensor_parallel.hpp>
 #include <strata/parallel/tp_check.hpp>
+#include <strata/plan/budget.hpp>
 #include <strata/policy/accumulate_pass.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute_pass.hpp>
@@ -70,6 +71,7 @@ template <engine::model Model, class Plan, class Device>
 class trainer {
   static_assert(is_plan<Plan>::value, "strata: trainer<Model, Plan>: Plan must be a plan<...>");
   static_assert(check_plan<Model, Plan>());
+  static_assert(check_budget<Model, Plan>());
   using precision_option = plan_precision_t<Plan>;
   static_assert(option_traits<precision_option>::template can_implement<Model>());
   static constexpr bool can_implement_options() {
@@ -158,6 +160,7 @@ public:
     if (layout.micro_batches == 0)
       throw config_error("strata: runtime plan: 0 micro-batches: give at least 1");
     desc_.micro_batches = layout.micro_batches;
+    desc_.budget = layout.budget;
     micro_batches_ = options_.micro_batches ? options_.micro_batches : layout.micro_batches;
     auto entries = static_entries<C>();
     for (auto const& o : layout.options) {
@@ -167,6 +170,13 @@ public:
         desc_.sharded = *sh;
       if (auto const* rc = std::any_cast<recompute_options>(&o.options))
         desc_.recompute = {rc->every, rc->selective, rc->offload};
+      // What the planner's estimate reads of the layout.
+      if (auto const* dpd = std::any_cast<plan_descriptor::data_parallel_desc>(&o.options))
+        desc_.data_parallel = *dpd, desc_.data_parallel.enabled = true;
+      if (auto const* ppd = std::any_cast<plan_descriptor::pipeline_desc>(&o.options))
+        desc_.pipeline = *ppd, desc_.pipeline.enabled = true;
+      if (auto const* tpd = std::any_cast<plan_descriptor::tensor_parallel_desc>(&o.options))
+        desc_.tensor_parallel = *tpd, desc_.tensor_parallel.enabled = true;
     }
     bind(mesh, std::move(entries));
     advising_on_oom([&] { init(model, std::move(optimizer)); });
@@ -294,6 +304,7 @@ private:
     // world, here only.
     preflight(mesh.world(), build_facts::of_this_build(), options_.seed);
     world_rank_ = mesh.world().rank();
+    mesh_shape_ = mesh.shape();
     if (auto& dp = mesh.dp(); dp.size() > 1) {
       dp_size_ = dp.size();
       dp_gather_ = [&dp](std::span<std::int64_t const> in, std::span<std::int64_t> out) {
@@ -421,12 +432,74 @@ private:
     r.backward = trace_.seconds(engine::op_category::backward);
     r.optimizer = trace_.seconds(engine::op_category::optimizer);
     r.communication = trace_.seconds(engine::op_category::communication);
+    if (options_.estimate_tolerance > 0 && !estimate_checked_) {
+      estimate_checked_ = true;
+      compare_estimate(batch);
+    }
     if (!std::isfinite(r.loss))
       throw error("strata: the loss is " + std::to_string(r.loss) + " at step " +
                   std::to_string(r.step) +
                   ": the model diverged or the data holds inf/NaN; lower the learning rate or "
                   "clip the gradients (trainer_options::clip)");
     return r;
+  }
+
+  // The optimizer's state elements per updated element (AdamW 2, SGD with momentum 1).
+  static std::size_t optimizer_states(engine::optimizer_factory<master_type> const& f) {
+    if (!f)
+      return 0;
+    auto const one = f(1024);
+    return one ? one->state_bytes() / (1024 * sizeof(master_type)) : 0;
+  }
+  // The sequence length a memory_budget is checked for: its own, else the model's longest.
+  std::size_t budget_seq(Model const& model) const {
+    if (desc_.budget.seq != 0)
+      return desc_.budget.seq;
+    if constexpr (requires { model.config.seq; })
+      return model.config.seq;
+    else
+      throw config_error("strata: memory_budget<Bytes, Sequences, Seq>: give Seq, the tokens a "
+                         "sequence (the model does not say its longest)");
+  }
+  // trainer_options::estimate_tolerance: the ledger's peaks against the estimate, once.
+  void compare_estimate(engine::batch_view<T> const& batch) {
+    auto const e = estimator_(batch.sequences, batch.seq);
+    auto const& s = e.stages[static_cast<std::size_t>(
+        mesh_shape_.pp > 1 ? state_.model().chunks.empty() ? 0 : stage_of_first_chunk() : 0)];
+    std::string bad;
+    auto one = [&](std::string_view name, double measured, double estimated) {
+      double const diff =
+          estimated == 0 ? (measured == 0 ? 0 : 1) : std::abs(measured - estimated) / estimated;
+      if (diff > options_.estimate_tolerance) {
+        char line[200];
+        std::snprintf(line, sizeof line, "\n  %-16.*s measured %zu B, estimated %zu B (%+.1f%%)",
+                      static_cast<int>(name.size()), name.data(),
+                      static_cast<std::size_t>(measured), static_cast<std::size_t>(estimated),
+                      100 * (measured - estimated) / std::max(1.0, estimated));
+        bad += line;
+      }
+    };
+    auto peak = [&](memory_kind k) { return static_cast<double>(ledger_->peak(k)); };
+    using K = estimate_kind;
+    one("parameters", peak(memory_kind::parameters), static_cast<double>(s[K::parameters]));
+    one("gradients", peak(memory_kind::gradients), static_cast<double>(s[K::gradients]));
+    one("optimizer_state", peak(memory_kind::optimizer_state),
+        static_cast<double>(s[K::optimizer_state] + s[K::master_weights]));
+    one("activations", peak(memory_kind::activations), static_cast<double>(s[K::activations]));
+    one("communication", peak(memory_kind::communication),
+        static_cast<double>(s[K::communication]));
+    if (!bad.empty())
+      warn("strata: rank " + std::to_string(world_rank_) +
+           ": the memory ledger differs from the planner's estimate by more than " +
+           std::to_string(options_.estimate_tolerance * 100) + "% after the first step:" + bad +
+           "\n(a layer the model does not declare is estimated by its input; see "
+           "docs/planner.md)");
+  }
+  std::size_t stage_of_first_chunk() const noexcept {
+    for (std::size_t p = 0; p < stage_first_.size(); ++p)
+      if (stage_first_[p] == state_.model().chunks[0].first)
+        return p % static_cast<std::size_t>(mesh_shape_.pp);
+    return 0;
   }
 
   // The detectors that look at the first step's batch: the data-sharding check over the dp
@@ -733,6 +806,19 @@ private:
     if (chunks.empty())
       chunks.push_back({0, n == 0 ? 0 : n - 1, true});
     state_.adopt(b, std::move(chunks));
+    estimator_ = [model, states = optimizer_states(optimizer), this](std::size_t sequences,
+                                                                     std::size_t seq) {
+      plan_descriptor d = desc_;
+      d.tensor_parallel.enabled = mesh_shape_.tp > 1;
+      return estimate(model, d, mesh_shape_,
+                      {.sequences = sequences,
+                       .seq = seq,
+                       .optimizer_states = states,
+                       .norm = options_.clip > 0 || options_.grad_norm},
+                      micro_batches_);
+    };
+    if (desc_.budget.bytes > 0)
+      check_budget(estimator_(desc_.budget.sequences, budget_seq(model)));
     auto& settings = state_.settings();
     settings.seed = options_.seed;
     settings.lr = options_.lr;
@@ -832,6 +918,10 @@ private:
   detectors::epoch_watch epochs_;
   std::optional<detectors::lr_reference> lr_reference_;
   std::int64_t last_global_batch_ = 0;
+  // The planner's estimate of this trainer's plan on its mesh, for a batch shape.
+  comm::mesh_shape mesh_shape_{1, 1, 1};
+  std::function<plan_estimate(std::size_t, std::size_t)> estimator_;
+  bool estimate_checked_ = false;
 };
 
 } // namespace strata
