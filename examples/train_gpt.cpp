@@ -9,12 +9,17 @@
 //                    [--micro-batches M] [--precision fp32|bf16|fp16]
 //                    [--recompute none|full|selective|every:K|offload]
 //                    [--backend local|mpi|gloo] [--checkpoint DIR] [--checkpoint-every N]
-//                    [--loss-log FILE]
+//                    [--loss-log FILE] [--plan] [--memory GIB] [--devices-per-node N]
 //                    [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] [--steps N]
 //                    [--batch B] [--seq T] [--layers L] [--features D] [--heads H] [--lr LR]
 //                    [--seed S] [--eval-every N] [--csv FILE] [--svg FILE]
 //                    [--expect-margin NATS] [--generate N] [--temperature T] [--prompt TEXT]
 //                    [--profile DIR] [--timers N]
+//
+// --plan prints the planner's estimate of the layout the flags give (memory by kind on each
+// pipeline rank, each group's collectives a step, the bubble) and the layouts it suggests for
+// dp x tp x pp devices (--memory GIB a device, --devices-per-node N), then exits: nothing is
+// trained, no data is read (the vocabulary is --vocab, else 256, a byte text's).
 //
 // --data takes a text file (character-level ids) or a token file: flat little-endian u16 or
 // u32 ids, mapped and read on demand. It is a token file when --data-dtype gives its width,
@@ -73,6 +78,7 @@
 #include <strata/models/gpt.hpp>
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/schedule.hpp>
+#include <strata/plan/planner.hpp>
 #include <strata/profile/profiler.hpp>
 #include <strata/profile/timers.hpp>
 #include <strata/train/trainer.hpp>
@@ -90,6 +96,7 @@
 #endif
 
 #include <algorithm>
+#include <any>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -131,6 +138,9 @@ struct options {
   std::string checkpoint;           // a checkpoint root to resume from and save into; empty: none
   std::size_t checkpoint_every = 0; // steps between saves (0: at the end only)
   std::string loss_log;             // rank 0's step losses, exact, appended; empty: none
+  bool plan = false;                // print the estimate and the suggestions, run nothing
+  double memory_gib = 80;           // --plan: memory a device
+  int devices_per_node = 8;         // --plan: tp stays within a node
 };
 
 [[noreturn]] void usage(std::string const& why) {
@@ -153,6 +163,10 @@ options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     std::string_view const a = argv[i];
+    if (a == "--plan") { // a flag: no value
+      o.plan = true;
+      continue;
+    }
     if (i + 1 >= argc)
       usage("option " + std::string(a) + " needs a value");
     std::string const v = argv[++i];
@@ -246,6 +260,10 @@ options parse(int argc, char** argv) {
       number(o.checkpoint_every);
     else if (a == "--loss-log")
       o.loss_log = v;
+    else if (a == "--memory")
+      number(o.memory_gib);
+    else if (a == "--devices-per-node")
+      number(o.devices_per_node);
     else if (a == "--csv")
       o.csv = v;
     else if (a == "--svg")
@@ -297,6 +315,17 @@ st::runtime_layout layout_of(options const& o) {
   if (r.every > 0 || r.selective)
     l.add("recompute", r);
   return l;
+}
+
+// The GPT of the flags, its vocabulary padded to a multiple of tp (for the split).
+st::models::gpt_model<float> model_of(options const& o, std::size_t vocab) {
+  std::size_t const tp = static_cast<std::size_t>(o.tp);
+  return {{.vocab = (vocab + tp - 1) / tp * tp,
+           .seq = o.seq,
+           .features = o.features,
+           .heads = o.heads,
+           .layers = o.layers,
+           .tie_embeddings = o.tie}};
 }
 
 long long unix_ms() {
@@ -511,14 +540,8 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
   auto const& train_set = data.train;
   auto const& val_set = data.validation;
   double const entropy = data.entropy;
-  std::size_t const tp = static_cast<std::size_t>(o.tp);
-  std::size_t const vocab = (data.vocab + tp - 1) / tp * tp; // padded for the tp split
-  st::models::gpt_model<float> const model{{.vocab = vocab,
-                                            .seq = o.seq,
-                                            .features = o.features,
-                                            .heads = o.heads,
-                                            .layers = o.layers,
-                                            .tie_embeddings = o.tie}};
+  auto const model = model_of(o, data.vocab);
+  std::size_t const vocab = model.config.vocab; // padded for the tp split
   st::optim::warmup_cosine_schedule const schedule(
       {.max_lr = o.lr,
        .min_lr = o.lr / 10,
@@ -755,8 +778,47 @@ int train_any(C& world, options const& o) {
 
 } // namespace
 
+// --plan: the estimate of the flags' layout and the layouts suggested for its device count.
+int print_plan(options const& o) {
+  auto const model = model_of(o, o.vocab ? o.vocab : 256);
+  st::plan_descriptor d;
+  d.micro_batches = o.micro_batches;
+  d.precision.kind = o.precision == "bf16" ? 1 : o.precision == "fp16" ? 2 : 0;
+  for (auto const& x : layout_of(o).options) {
+    if (auto const* p = std::any_cast<st::plan_descriptor::data_parallel_desc>(&x.options))
+      d.data_parallel = *p, d.data_parallel.enabled = true;
+    if (auto const* p = std::any_cast<st::plan_descriptor::sharded_desc>(&x.options))
+      d.sharded = *p, d.sharded.enabled = true;
+    if (auto const* p = std::any_cast<st::plan_descriptor::pipeline_desc>(&x.options))
+      d.pipeline = *p;
+    if (auto const* p = std::any_cast<st::recompute_options>(&x.options))
+      d.recompute = {p->every, p->selective, p->offload};
+  }
+  d.tensor_parallel.enabled = o.tp > 1;
+  std::size_t const per_rank = o.batch / static_cast<std::size_t>(o.dp);
+  auto const e = st::estimate(model, d, {.dp = o.dp, .tp = o.tp, .pp = o.pp},
+                              {.sequences = per_rank, .seq = o.seq});
+  std::printf("the layout of the flags, per rank (AdamW, %zu sequences of %zu tokens per dp "
+              "rank):\n%s",
+              per_rank, o.seq, e.table().c_str());
+  int const world = o.dp * o.tp * o.pp;
+  auto const s = st::suggest_layouts(
+      model, {.world = world,
+              .devices_per_node = o.devices_per_node,
+              .memory_per_device = static_cast<std::size_t>(o.memory_gib * 1073741824.0),
+              .global_batch = o.batch,
+              .seq = o.seq,
+              .precision = d.precision.kind});
+  std::printf("\nlayouts for %d devices of %.1f GiB (%d a node), fastest first by the planner's "
+              "time model (100 TFLOP/s a device, 100 GB/s in a node, 10 GB/s across):\n%s",
+              world, o.memory_gib, o.devices_per_node, st::describe(s, 5).c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) try {
   options const o = parse(argc, argv);
+  if (o.plan)
+    return print_plan(o);
   int const world = o.dp * o.tp * o.pp;
   std::atomic<int> rc{0};
   if (o.backend == "gloo") {
