@@ -395,6 +395,12 @@ void gpt_step(benchmark::State& state) {
   state.counters["gemm_GFLOP/s"] = rate;
   state.counters["flop_limit_ms"] = fl / (rate * 1e9) * 1e3;
   state.counters["ratio_to_limit"] = per_step / (fl / (rate * 1e9));
+  // The planner's time estimate of this step (its FLOPs over the GEMM rate measured above; one
+  // rank, no communication) and its error against the measured step (no bound: docs/planner.md).
+  auto const est = st::estimate_time(t.estimate(sequences, c.seq),
+                                     {.flops_per_second = rate * 1e9, .busbw_intra = 1});
+  state.counters["estimate_ms"] = est.total * 1e3;
+  state.counters["estimate_error"] = per_step / est.total - 1;
   if (threads > 1) {
     // The speedup over one thread, paired: a one-thread trainer of the same model steps in turn
     // with this one, 9 pairs, the median of the pairs' ratios. (Two benchmarks run a minute

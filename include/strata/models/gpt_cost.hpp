@@ -84,6 +84,7 @@ constexpr std::vector<planner::layer_cost> gpt_layer_costs(gpt_shape const& g, s
         4.0 * static_cast<double>(B * Hl) * static_cast<double>(S * S) * static_cast<double>(d / H);
     b.forward_flops = gemm + attn;
     b.backward_flops = 2 * (gemm + attn);
+    b.selective_flops = attn;
     if (tp_on()) {
       if (p > 1) {
         for (int k = 0; k < 2; ++k) { // attention and the MLP

@@ -76,6 +76,9 @@ struct stage_estimate {
   std::size_t layers = 0;              // layers on this rank (all chunks)
   std::size_t parameters = 0;          // parameter elements of those layers (this tp rank's)
   double flops = 0;                    // forward, backward and re-run forwards of one step
+  double backward_flops = 0;           // the backwards' share of flops
+  std::size_t largest_segment = 0;     // elements of the largest flat segment (bucket, ZeRO unit)
+  std::size_t shard = 0;               // elements of this rank's ZeRO shard (0 without ZeRO)
   std::vector<std::string> undeclared; // layers whose saved bytes are a guess
 
   constexpr std::size_t operator[](estimate_kind k) const noexcept {
@@ -423,6 +426,8 @@ constexpr plan_estimate estimate_plan(std::vector<planner::layer_cost> const& co
       max_size = std::max(max_size, g.size);
       max_slice = std::max(max_slice, g.size / n);
     }
+    st.largest_segment = max_size;
+    st.shard = sharded ? shard_total : 0;
     for (std::size_t l = 0; l < L; ++l)
       if (kept[l]) {
         ++st.layers;
@@ -510,7 +515,10 @@ constexpr plan_estimate estimate_plan(std::vector<planner::layer_cost> const& co
         if (tp > 1)
           planner::add_tp(st.collectives, loss.forward_tp, 1);
       } else if (o.code == engine::op_code::backward) {
-        st.flops += layers[o.layer].backward_flops;
+        double const bf =
+            layers[o.layer].backward_flops + (selective ? layers[o.layer].selective_flops : 0);
+        st.flops += bf;
+        st.backward_flops += bf;
         bool const completes = o.completes_grads() || stage >= 2; // ZeRO-2/3 stage every one
         if (tp > 1) {
           planner::add_tp(st.collectives, layers[o.layer].backward_tp, 1);

@@ -64,6 +64,7 @@ struct layer_cost {
   std::size_t shared_selective = 0;
   double forward_flops = 0; // multiply-adds x 2 of one micro-batch's forward on this rank
   double backward_flops = 0;
+  double selective_flops = 0; // what selective recompute re-runs in backward (attention's core)
   tp_traffic forward_tp, backward_tp;
   /// Over the tp group once a step per micro-batch that completes gradients (sequence
   /// parallel's layer-norm gradients).

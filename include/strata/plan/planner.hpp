@@ -11,6 +11,7 @@
 #include <strata/parallel/plan.hpp>
 #include <strata/plan/estimate.hpp>
 #include <strata/plan/layer_cost.hpp>
+#include <strata/plan/time.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -149,8 +150,9 @@ struct suggest_request {
   std::size_t optimizer_states = 2;  // AdamW
   int precision = 0;                 // plan_descriptor::precision.kind of every candidate
   bool allow_tp_across_nodes = false;
-  /// Step-time model: sustained FLOP/s of one device and the bus bandwidth of its collectives
-  /// (bytes/s): intra-node (tp, and dp/pp within a node) and across nodes.
+  /// The step-time model's machine (estimate_time): sustained FLOP/s of one device and the bus
+  /// bandwidth of its collectives (bytes/s) within a node and across nodes; a measured
+  /// machine_profile's values may be copied in.
   double flops_per_second = 100e12;
   double busbw_intra = 100e9;
   double busbw_inter = 10e9;
@@ -173,38 +175,15 @@ struct layout_suggestion {
 
 namespace planner {
 
-/// Seconds of a step of estimate e under the request's rates: the peak rank's FLOPs over the
-/// device's rate, stretched by the pipeline's bubble (1 / (1 - bubble)), plus communication
-/// that the step does not hide: tp collectives (on the critical path, intra-node), the dp
-/// gradient reduction beyond what the backward hides (none counted hidden: an upper bound),
-/// and pipeline transfers. Bus bytes of an all-reduce are 2 (n - 1) / n of its buffer.
+/// The step time of estimate e under the request's rates (estimate_time, plan/time.hpp).
 inline void model_time(plan_estimate const& e, suggest_request const& q, layout_suggestion& s) {
-  auto const& st = e.peak_stage();
-  double const compute = st.flops / q.flops_per_second;
-  double const bubble = e.bubble;
-  double comm = 0;
-  int const per_node = std::max(1, q.devices_per_node);
-  for (auto const& c : st.collectives) {
-    int const n = c.group == "tp" ? e.mesh.tp : c.group == "dp" ? e.mesh.dp : e.mesh.pp;
-    double factor = 1;
-    if (c.op == comm::op_kind::all_reduce)
-      factor = n > 1 ? 2.0 * (n - 1) / n : 0;
-    else if (c.op == comm::op_kind::all_gather || c.op == comm::op_kind::reduce_scatter)
-      factor = n > 1 ? static_cast<double>(n - 1) / n : 0;
-    // A group crosses nodes when its ranks' span exceeds a node: tp is innermost, then pp,
-    // then dp (the mesh's order: dp outermost).
-    int span = c.group == "tp"   ? e.mesh.tp
-               : c.group == "pp" ? e.mesh.tp * e.mesh.pp
-                                 : e.mesh.tp * e.mesh.pp * e.mesh.dp;
-    double const bw = span > per_node ? q.busbw_inter : q.busbw_intra;
-    if (c.op == comm::op_kind::recv)
-      continue; // a transfer is counted once, at its send
-    comm += factor * static_cast<double>(c.bytes) / bw;
-  }
-  s.compute_seconds = compute / std::max(1e-9, 1.0 - bubble);
-  s.communication_seconds = comm;
-  s.bubble = bubble;
-  s.step_seconds = s.compute_seconds + comm;
+  machine_profile const m{q.flops_per_second, q.busbw_intra, q.busbw_inter, q.devices_per_node,
+                          "suggest_request"};
+  auto const t = estimate_time(e, m);
+  s.compute_seconds = t.compute;
+  s.communication_seconds = t.exposed_communication;
+  s.bubble = t.bubble;
+  s.step_seconds = t.total;
 }
 
 } // namespace planner

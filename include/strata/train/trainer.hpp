@@ -29,6 +29,7 @@
 #include <strata/parallel/tensor_parallel.hpp>
 #include <strata/parallel/tp_check.hpp>
 #include <strata/plan/budget.hpp>
+#include <strata/plan/time.hpp>
 #include <strata/policy/accumulate_pass.hpp>
 #include <strata/policy/precision_pass.hpp>
 #include <strata/policy/recompute_pass.hpp>
@@ -705,6 +706,14 @@ public:
     eval_ = {};
   }
 
+  /// The planner's estimate of this trainer's plan on its mesh (plan/estimate.hpp) for batches
+  /// of `sequences` sequences of `seq` tokens on each data-parallel rank: memory by kind on
+  /// each pipeline rank, each group's collectives a step, the bubble; estimate_time (plan/
+  /// time.hpp) turns it into a step time on a measured machine profile.
+  plan_estimate estimate(std::size_t sequences, std::size_t seq) const {
+    return estimator_(sequences, seq);
+  }
+
   std::size_t micro_batches() const noexcept { return micro_batches_; }
   /// Elements of the model's parameters on this rank.
   std::size_t parameter_count() const noexcept { return state_.flat().parameter_elements(); }
@@ -810,12 +819,12 @@ private:
                                                                      std::size_t seq) {
       plan_descriptor d = desc_;
       d.tensor_parallel.enabled = mesh_shape_.tp > 1;
-      return estimate(model, d, mesh_shape_,
-                      {.sequences = sequences,
-                       .seq = seq,
-                       .optimizer_states = states,
-                       .norm = options_.clip > 0 || options_.grad_norm},
-                      micro_batches_);
+      return ::strata::estimate(model, d, mesh_shape_,
+                                {.sequences = sequences,
+                                 .seq = seq,
+                                 .optimizer_states = states,
+                                 .norm = options_.clip > 0 || options_.grad_norm},
+                                micro_batches_);
     };
     if (desc_.budget.bytes > 0)
       check_budget(estimator_(desc_.budget.sequences, budget_seq(model)));
