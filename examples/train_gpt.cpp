@@ -10,6 +10,7 @@
 //                    [--recompute none|full|selective|every:K|offload]
 //                    [--backend local|mpi|gloo] [--checkpoint DIR] [--checkpoint-every N]
 //                    [--loss-log FILE] [--plan] [--memory GIB] [--devices-per-node N]
+//                    [--machine FILE]
 //                    [--data FILE] [--data-dtype auto|u16|u32] [--vocab V] [--steps N]
 //                    [--batch B] [--seq T] [--layers L] [--features D] [--heads H] [--lr LR]
 //                    [--seed S] [--eval-every N] [--csv FILE] [--svg FILE]
@@ -20,6 +21,9 @@
 // pipeline rank, each group's collectives a step, the bubble) and the layouts it suggests for
 // dp x tp x pp devices (--memory GIB a device, --devices-per-node N), then exits: nothing is
 // trained, no data is read (the vocabulary is --vocab, else 256, a byte text's).
+//
+// --machine FILE (a machine profile strata_calibrate wrote) prints, after training, the
+// planner's estimated step time beside the measured median step and the error.
 //
 // --data takes a text file (character-level ids) or a token file: flat little-endian u16 or
 // u32 ids, mapped and read on demand. It is a token file when --data-dtype gives its width,
@@ -79,6 +83,7 @@
 #include <strata/optim/adamw.hpp>
 #include <strata/optim/schedule.hpp>
 #include <strata/plan/planner.hpp>
+#include <strata/plan/time.hpp>
 #include <strata/profile/profiler.hpp>
 #include <strata/profile/timers.hpp>
 #include <strata/train/trainer.hpp>
@@ -141,6 +146,7 @@ struct options {
   bool plan = false;                // print the estimate and the suggestions, run nothing
   double memory_gib = 80;           // --plan: memory a device
   int devices_per_node = 8;         // --plan: tp stays within a node
+  std::string machine;              // a machine profile: the estimated step beside the measured
 };
 
 [[noreturn]] void usage(std::string const& why) {
@@ -260,6 +266,8 @@ options parse(int argc, char** argv) {
       number(o.checkpoint_every);
     else if (a == "--loss-log")
       o.loss_log = v;
+    else if (a == "--machine")
+      o.machine = v;
     else if (a == "--memory")
       number(o.memory_gib);
     else if (a == "--devices-per-node")
@@ -740,6 +748,19 @@ int train_on(C& world, options const& o, training_data<Dataset> const& data) {
   std::printf("time on rank 0: compute %.2f s, exposed communication %.2f s (%.1f%%; "
               "tensor-parallel collectives run inside the layers and count as compute)\n",
               compute_s, comm_s, 100 * comm_s / std::max(1e-12, compute_s + comm_s));
+  if (!o.machine.empty() && !rows.empty()) {
+    // The planner's time estimate beside the measured median step.
+    std::vector<double> ms;
+    for (auto const& r : rows)
+      ms.push_back(r.step_ms);
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+    double const measured = ms[ms.size() / 2];
+    auto const t =
+        st::estimate_time(trainer.estimate(o.batch / static_cast<std::size_t>(o.dp), o.seq),
+                          st::machine_profile::read(o.machine));
+    std::printf("planner: %s; measured median step %.4g s (estimate error %+.0f%%)\n",
+                t.text().c_str(), measured * 1e-3, 100 * (measured * 1e-3 / t.total - 1));
+  }
   std::printf("%s", trainer.ledger().report().c_str());
   write_csv(o.csv, rows);
   write_svg(o.svg, rows, entropy,
