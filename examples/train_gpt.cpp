@@ -815,7 +815,7 @@ int print_plan(options const& o) {
     if (auto const* p = std::any_cast<st::recompute_options>(&x.options))
       d.recompute = {p->every, p->selective, p->offload};
   }
-  d.tensor_parallel.enabled = o.tp > 1;
+  d.tensor_parallel.enabled = true; // layout_of always names it
   std::size_t const per_rank = o.batch / static_cast<std::size_t>(o.dp);
   auto const e = st::estimate(model, d, {.dp = o.dp, .tp = o.tp, .pp = o.pp},
                               {.sequences = per_rank, .seq = o.seq});

@@ -529,7 +529,7 @@ constexpr plan_estimate estimate_plan(std::vector<planner::layer_cost> const& co
       }
     }
     (void)complete;
-    if (tp > 1 && batch.norm)
+    if ((tp > 1 || plan.tensor_parallel.enabled) && batch.norm) // the pass's norm group
       add(st.collectives, "tp", op_kind::all_reduce, 1, sizeof(double));
 
     // ---- the dp group --------------------------------------------------------------------

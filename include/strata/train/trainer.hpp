@@ -817,9 +817,7 @@ private:
     state_.adopt(b, std::move(chunks));
     estimator_ = [model, states = optimizer_states(optimizer), this](std::size_t sequences,
                                                                      std::size_t seq) {
-      plan_descriptor d = desc_;
-      d.tensor_parallel.enabled = mesh_shape_.tp > 1;
-      return ::strata::estimate(model, d, mesh_shape_,
+      return ::strata::estimate(model, desc_, mesh_shape_,
                                 {.sequences = sequences,
                                  .seq = seq,
                                  .optimizer_states = states,
