@@ -66,6 +66,15 @@ public:
     return n;
   }
   constexpr void reset() noexcept { entries_ = {}; }
+  /// Adds another communicator's counts (several communicators summed, as graph::trainer's
+  /// boundaries).
+  constexpr comm_counters& operator+=(comm_counters const& o) noexcept {
+    for (std::size_t k = 0; k < op_kind_count; ++k) {
+      entries_[k].calls += o.entries_[k].calls;
+      entries_[k].bytes += o.entries_[k].bytes;
+    }
+    return *this;
+  }
 
 private:
   std::array<entry, op_kind_count> entries_{};

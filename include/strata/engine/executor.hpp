@@ -26,12 +26,23 @@ class executor {
 public:
   void run(program const& p, state<T, Device>& s,
            std::vector<std::unique_ptr<pass<T, Device>>>& passes, trace& t) {
-    ranges_.sync(passes);
-    ranges_.push_step(s.values().training, s.values().step);
-    t.begin_step();
-    std::uint32_t i = 0;
+    run(p, s, passes, t, 0, static_cast<std::uint32_t>(p.ops.size()));
+  }
+
+  /// Runs operations [begin, end) of p: a step run in phases (graph::trainer runs every
+  /// part's forward, then every part's backward, then every part's update). The step's range
+  /// and the trace's step begin with operation 0 and end with the last.
+  void run(program const& p, state<T, Device>& s,
+           std::vector<std::unique_ptr<pass<T, Device>>>& passes, trace& t, std::uint32_t begin,
+           std::uint32_t end) {
+    if (begin == 0) {
+      ranges_.sync(passes);
+      ranges_.push_step(s.values().training, s.values().step);
+      t.begin_step();
+    }
+    std::uint32_t i = begin;
     try {
-      for (; i < p.ops.size(); ++i) {
+      for (; i < end; ++i) {
         op const& o = p.ops[i];
         ranges_.push(o);
         std::int64_t const b = t.now_ns();
@@ -48,8 +59,10 @@ public:
         ps->abort();
       throw;
     }
-    t.end_step();
-    ranges_.pop();
+    if (end == p.ops.size()) {
+      t.end_step();
+      ranges_.pop();
+    }
   }
 
 private:

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -492,13 +493,7 @@ public:
     v.grad_scale = 1.0 / v.loss_scale;
     if (settings_.clip <= 0 && !settings_.want_norm)
       return;
-    double sq = 0;
-    for (auto const& r : flat_.owned)
-      if (r.in_norm) // the f32 gradients where they accumulate in f32
-        sq += r.wide ? optim::sum_of_squares(std::span<master_type const>(r.wide, r.count))
-                     : optim::sum_of_squares(std::span<T const>(r.grads, r.count));
-    reductions_.reduce_norm(sq);
-    sq /= v.loss_scale * v.loss_scale;
+    double sq = norm_override_ ? *norm_override_ : gradient_sq_norm();
     if (!std::isfinite(sq)) {
       v.grad_norm = sq;
       throw error("strata: the gradient norm is not finite at step " + std::to_string(v.step) +
@@ -514,6 +509,22 @@ public:
       v.grad_norm = std::sqrt(sq);
     }
   }
+
+  /// The squared global norm of this state's gradients: every rank's owned elements summed
+  /// and reduced over the ranks that split them (one all-reduce of one double), the loss
+  /// scale divided out. The same on every rank.
+  double gradient_sq_norm() {
+    double sq = 0;
+    for (auto const& r : flat_.owned)
+      if (r.in_norm) // the f32 gradients where they accumulate in f32
+        sq += r.wide ? optim::sum_of_squares(std::span<master_type const>(r.wide, r.count))
+                     : optim::sum_of_squares(std::span<T const>(r.grads, r.count));
+    reductions_.reduce_norm(sq);
+    return sq / (values_.loss_scale * values_.loss_scale);
+  }
+  /// The squared norm the next clip uses instead of gradient_sq_norm() (graph::trainer: the
+  /// norm over every part's parameters, each counted once); nullopt: its own.
+  void set_norm_override(std::optional<double> sq) noexcept { norm_override_ = sq; }
 
   /// What the optimizer's step of this step is given: the learning rate and step of the
   /// count of steps taken (skipped steps do not count) and the gradient scale. Counts the
@@ -592,6 +603,7 @@ private:
   execution_context<Device> context_;
   std::unique_ptr<optimizer_slot<master_type>> optimizer_;
   std::function<void(state&)> gradient_hook_;
+  std::optional<double> norm_override_;
   std::function<void(op const&, tensor_view<T const>)> logits_observer_;
   mutable nn::shared_scratch scratch_; // what the rank's layers share (layer_context::scratch)
 };

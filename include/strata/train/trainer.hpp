@@ -406,6 +406,13 @@ private:
   step_result step_on(engine::batch_view<T> const& batch, detectors::batch_record const* origin) {
     ledger_scope scope(*ledger_);
     pool_scope threads_scope(pool_.get());
+    begin_step(batch, origin);
+    advising_on_oom([&] { exec_.run(program_, state_, passes_, trace_); });
+    return end_step(batch);
+  }
+
+  // Everything a step does before its program runs.
+  void begin_step(engine::batch_view<T> const& batch, detectors::batch_record const* origin) {
     auto& v = state_.values();
     last_global_batch_ = static_cast<std::int64_t>(batch.sequences) * dp_size_;
     if (!checked_first_step_)
@@ -420,7 +427,11 @@ private:
     v.training = true;
     state_.set_batch(batch, micro_batches_);
     v.step = v.step + 1;
-    advising_on_oom([&] { exec_.run(program_, state_, passes_, trace_); });
+  }
+
+  // What a step returns, once its program has run.
+  step_result end_step(engine::batch_view<T> const& batch) {
+    auto& v = state_.values();
     step_result r;
     r.step = v.step;
     r.loss = state_.reductions().mean_loss(micro_batches_);
@@ -445,6 +456,74 @@ private:
     return r;
   }
 
+  // The program's phases (phased_step): [0, forward_end_) runs every forward and the loss,
+  // [forward_end_, clip_at_) every backward and reduction, [clip_at_, end) the clip and update.
+  void find_phases() {
+    if (phases_found_)
+      return;
+    auto const& ops = program_.ops;
+    std::uint32_t last_loss = 0, first_backward = 0;
+    bool has_loss = false, has_backward = false;
+    for (std::uint32_t i = 0; i < ops.size(); ++i) {
+      if (ops[i].code == engine::op_code::loss)
+        last_loss = i, has_loss = true;
+      if (ops[i].code == engine::op_code::backward && !has_backward)
+        first_backward = i, has_backward = true;
+    }
+    if (!has_loss || (has_backward && first_backward < last_loss))
+      throw config_error("strata: a step run in phases (a graph part) needs every forward before "
+                         "every backward: one micro-batch and no pipeline schedule on this "
+                         "part's plan");
+    std::uint32_t clip = static_cast<std::uint32_t>(ops.size());
+    for (std::uint32_t i = last_loss + 1; i < ops.size(); ++i)
+      if (ops[i].code == engine::op_code::clip) {
+        clip = i;
+        break;
+      }
+    forward_end_ = last_loss + 1;
+    clip_at_ = clip;
+    phases_found_ = true;
+  }
+
+public:
+  /// A step in phases, for an engine that runs several trainers as one model
+  /// (graph::trainer): phased_forward(batch) sets the step up and runs every forward and the
+  /// loss; phased_backward() every backward and gradient reduction, up to the clip;
+  /// phased_sq_norm() the squared global norm of this trainer's gradients (one all-reduce);
+  /// phased_update(norm) the clip (with the given squared norm when set, else its own) and
+  /// the update, and returns what step() does. Together they run exactly step()'s program.
+  /// Throws config_error when the program interleaves forwards and backwards (micro-batches
+  /// > 1, a pipeline schedule).
+  void phased_forward(engine::batch_view<T> const& batch) {
+    ledger_scope scope(*ledger_);
+    pool_scope threads_scope(pool_.get());
+    find_phases();
+    phase_batch_ = batch;
+    begin_step(batch, nullptr);
+    advising_on_oom([&] { exec_.run(program_, state_, passes_, trace_, 0, forward_end_); });
+  }
+  void phased_backward() {
+    ledger_scope scope(*ledger_);
+    pool_scope threads_scope(pool_.get());
+    advising_on_oom([&] { exec_.run(program_, state_, passes_, trace_, forward_end_, clip_at_); });
+  }
+  double phased_sq_norm() {
+    ledger_scope scope(*ledger_);
+    return state_.gradient_sq_norm();
+  }
+  step_result phased_update(std::optional<double> sq_norm) {
+    ledger_scope scope(*ledger_);
+    pool_scope threads_scope(pool_.get());
+    state_.set_norm_override(sq_norm);
+    advising_on_oom([&] {
+      exec_.run(program_, state_, passes_, trace_, clip_at_,
+                static_cast<std::uint32_t>(program_.ops.size()));
+    });
+    state_.set_norm_override(std::nullopt);
+    return end_step(phase_batch_);
+  }
+
+private:
   // The optimizer's state elements per updated element (AdamW 2, SGD with momentum 1).
   static std::size_t optimizer_states(engine::optimizer_factory<master_type> const& f) {
     if (!f)
@@ -922,6 +1001,9 @@ private:
   int dp_size_ = 1;
   std::function<void(std::span<std::int64_t const>, std::span<std::int64_t>)> dp_gather_;
   bool checked_first_step_ = false;
+  bool phases_found_ = false;
+  std::uint32_t forward_end_ = 0, clip_at_ = 0;
+  engine::batch_view<T> phase_batch_{};
   detectors::epoch_watch epochs_;
   std::optional<detectors::lr_reference> lr_reference_;
   std::int64_t last_global_batch_ = 0;
