@@ -286,6 +286,28 @@ struct graph_shape<model<Parts...>> {
       }
     return out;
   }();
+  /// Whether every from<> names a part.
+  static constexpr bool names_known = [] {
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t k = 0; k < input_count[i]; ++k)
+        if (inputs[i][k] >= n)
+          return false;
+    return true;
+  }();
+  /// Whether no part reads the last part (the loss part feeds none).
+  static constexpr bool last_unread = [] {
+    for (std::size_t i = 0; i < n; ++i)
+      if (inputs_read_last(i))
+        return false;
+    return true;
+  }();
+  /// Whether the inputs make a cycle.
+  static constexpr bool acyclic = [] {
+    for (std::size_t i = 0; i < n; ++i)
+      if (reaches(i, i))
+        return false;
+    return true;
+  }();
   /// Whether part i's output is read by some part.
   static constexpr bool is_read(std::size_t i) {
     for (std::size_t a = 0; a < n; ++a)
@@ -328,15 +350,18 @@ constexpr bool check_graph() {
         (void)input; // no inputs: the fold is empty
       }
       (std::make_index_sequence<IN::count>{});
-      if constexpr (S::reaches(i, i)) {
+      // One refusal for one mistake: a wrong name, then a read of the loss part (which makes
+      // a cycle or an unread part), then a cycle (which leaves parts unread).
+      if constexpr (S::names_known && S::last_unread && S::reaches(i, i)) {
         ok = false;
         (void)sizeof(graph_has_a_cycle_through<nm>);
       }
-      if constexpr (i + 1 < n && !S::is_read(i)) {
+      if constexpr (S::names_known && S::last_unread && S::acyclic && i + 1 < n &&
+                    !S::is_read(i)) {
         ok = false;
         (void)sizeof(output_is_read_by_no_part<nm>);
       }
-      if constexpr (i + 1 < n && S::inputs_read_last(i)) {
+      if constexpr (S::names_known && S::inputs_read_last(i)) {
         ok = false;
         (void)sizeof(
             the_last_part_is_read<detail::is_part<detail::part_at<G, n - 1>>::part_name, nm>);
