@@ -77,14 +77,14 @@ static_assert(g::check_graph<graph>());
 
 #if STRATA_CASE == 4 || defined(STRATA_ALL_TWINS) // widths that disagree at a position join
 namespace case_4 {
-using graph = g::model<g::part<"image", branch<8, 16>, dp, g::batch_input<"x">>,
+using graph =
+    g::model<g::part<"image", branch<8, 16>, dp, g::batch_input<"x">>,
 #ifdef STRATA_TWIN
-                       g::part<"text", branch<8, 16>, dp, g::batch_input<"y">>,
+             g::part<"text", branch<8, 16>, dp, g::batch_input<"y">>,
 #else
-                       g::part<"text", branch<8, 24>, dp, g::batch_input<"y">>,
+             g::part<"text", branch<8, 24>, dp, g::batch_input<"y">>,
 #endif
-                       g::part<"fusion", head<16>, dp, g::from<"image", "text">,
-                               g::join::concat_positions>>;
+             g::part<"fusion", head<16>, dp, g::from<"image", "text">, g::join::concat_positions>>;
 static_assert(g::check_graph<graph>());
 } // namespace case_4
 #endif

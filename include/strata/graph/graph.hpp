@@ -356,8 +356,7 @@ constexpr bool check_graph() {
         ok = false;
         (void)sizeof(graph_has_a_cycle_through<nm>);
       }
-      if constexpr (S::names_known && S::last_unread && S::acyclic && i + 1 < n &&
-                    !S::is_read(i)) {
+      if constexpr (S::names_known && S::last_unread && S::acyclic && i + 1 < n && !S::is_read(i)) {
         ok = false;
         (void)sizeof(output_is_read_by_no_part<nm>);
       }

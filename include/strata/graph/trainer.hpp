@@ -16,12 +16,14 @@
 #include <strata/engine/optimizer.hpp>
 #include <strata/graph/graph.hpp>
 #include <strata/nn/context.hpp>
+#include <strata/plan/layer_cost.hpp>
 #include <strata/train/trainer.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -174,6 +176,33 @@ struct part_model {
   {
     using R = decltype(sub.template rebind<U>());
     return part_model<R, V>{sub.template rebind<U>(), name, in, out, in_width, join_text};
+  }
+
+  /// The planner's layers (plan/estimate.hpp) when the sub-model declares its own: the
+  /// boundary input first (no parameters, no saved bytes, no traffic), the boundary output
+  /// as the loss. Without a declaration the planner describes the built layers.
+  std::vector<planner::layer_cost> planner_layers(std::size_t tp, std::size_t sequences,
+                                                  std::size_t seq,
+                                                  planner::element_sizes sz) const requires
+      requires(Sub const& s, planner::element_sizes z) {
+    s.planner_layers(1, 1, 1, z);
+  }
+  {
+    auto v = sub.planner_layers(tp, sequences, seq, sz);
+    if (in != nullptr) {
+      planner::layer_cost c;
+      c.name = name + ".input";
+      c.in = c.out = in_width;
+      v.insert(v.begin(), c);
+    }
+    if (out != nullptr && !v.empty()) {
+      planner::layer_cost c;
+      c.name = name + ".output";
+      c.role = planner::layer_role::loss;
+      c.in = v.back().out;
+      v.push_back(c);
+    }
+    return v;
   }
 
   void build(engine::model_builder<value_type>& b) const {
@@ -419,6 +448,15 @@ public:
     step_result last{};
     for_each_part([&](auto& ps) { last = ps.tr->phased_update(sq); });
     return last;
+  }
+
+  /// Calls f(writer, gradient) each step before the backward of each part that others read:
+  /// the gradient of the step's loss with respect to the part's output on this rank (its
+  /// rows x width, in its own layout), summed over its readers after their conversions. f
+  /// may look at it (a boundary's gradient norm) or change it; tests change it to show that
+  /// the parity check catches a wrong boundary. Empty: none.
+  void on_boundary_gradient(std::function<void(std::string_view, std::span<V>)> f) {
+    boundary_hook_ = std::move(f);
   }
 
   /// Part I's trainer and mesh (its own groups: mesh.dp(), mesh.tp()).
@@ -691,6 +729,9 @@ private:
   void backward_part() {
     using J = typename detail::part_at<G, I>::join_type;
     auto& ps = std::get<I>(parts_);
+    if constexpr (I + 1 < n)
+      if (boundary_hook_)
+        boundary_hook_(G::names[I], std::span<V>(outs_[I].grad));
     ps.tr->phased_backward();
     if constexpr (S::input_count[I] > 0) {
       std::size_t const local = samples_ / static_cast<std::size_t>(layouts_[I].dp);
@@ -736,6 +777,7 @@ private:
   std::array<std::array<std::unique_ptr<C>, S::max_inputs>, n> boundary_{};
   std::array<std::array<std::vector<V>, S::max_inputs>, n> conv_{};
   std::vector<V> scratch_;
+  std::function<void(std::string_view, std::span<V>)> boundary_hook_;
   std::size_t samples_ = 0;
   typename states<typename G::parts_type>::type parts_;
 };

@@ -9,6 +9,7 @@
 #include <strata/core/element.hpp>
 #include <strata/core/random.hpp>
 #include <strata/graph/graph.hpp>
+#include <strata/models/gpt_cost.hpp>
 #include <strata/nn/activation.hpp>
 #include <strata/nn/cross_entropy.hpp>
 #include <strata/nn/embedding.hpp>
@@ -60,6 +61,17 @@ struct text_encoder {
   text_encoder<U, Width> rebind() const {
     return {vocab, positions, heads, layers};
   }
+  /// Its layers as the planner sees them: the GPT's embedding, blocks and final norm
+  /// (gpt_layer_costs without the head and the loss).
+  constexpr std::vector<planner::layer_cost> planner_layers(std::size_t tp, std::size_t sequences,
+                                                            std::size_t seq,
+                                                            planner::element_sizes sz) const {
+    auto v = gpt_layer_costs(
+        {.vocab = vocab, .seq = positions, .features = Width, .heads = heads, .layers = layers}, tp,
+        sequences, seq, sz);
+    v.resize(v.size() - 2);
+    return v;
+  }
   template <class Builder>
   void build(Builder& b) const {
     nn::tp_group const* tp = b.tp();
@@ -73,7 +85,8 @@ struct text_encoder {
 };
 
 /// Width -> classes over the joined positions: `layers` causal transformer blocks
-/// "blocks.<i>", "norm", "head" (linear), the softmax cross-entropy "loss".
+/// "blocks.<i>" (split over tp when its plan has tensor_parallel), "norm", "head" (linear,
+/// whole on every tp rank), the softmax cross-entropy "loss".
 template <class T, std::size_t Width = 32>
 struct fusion_trunk {
   using value_type = T;
@@ -88,7 +101,8 @@ struct fusion_trunk {
   void build(Builder& b) const {
     for (std::size_t i = 0; i < layers; ++i)
       b.add(nn::transformer_block<T>("blocks." + std::to_string(i),
-                                     {.features = Width, .heads = heads, .n_layers = layers}));
+                                     {.features = Width, .heads = heads, .n_layers = layers},
+                                     b.tp()));
     b.add(nn::layer_norm<T>("norm", Width));
     b.add(nn::linear<T>("head", Width, classes));
     b.loss(nn::softmax_cross_entropy<T>("loss", classes));
