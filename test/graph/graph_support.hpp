@@ -6,6 +6,7 @@
 
 #include <strata/comm/counters.hpp>
 #include <strata/comm/local.hpp>
+#include <strata/core/element.hpp>
 #include <strata/graph/trainer.hpp>
 #include <strata/models/vision_language.hpp>
 #include <strata/optim/adamw.hpp>
@@ -126,8 +127,10 @@ run_record run(int world, layouts const& l, run_options const& o, Setup setup = 
       if (s == 1 && w.size() == 1) {
         auto add = [&](auto& t) {
           t.for_each_grad_piece([&](auto&, std::size_t, auto g) {
-            for (auto x : g)
-              ref_sq += static_cast<double>(x) * static_cast<double>(x);
+            for (auto x : g) {
+              auto const v = static_cast<double>(to_compute_value<compute_t<decltype(x)>>(x));
+              ref_sq += v * v;
+            }
           });
         };
         add(tr.template part_trainer<0>());
