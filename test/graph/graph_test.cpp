@@ -270,3 +270,43 @@ TEST_CASE("recompute and precision policies per part", "[graph][policies]") {
   std::printf("bf16 image encoder: step 5 loss %.6f against f32 %.6f\n", b.losses.back(),
               ref.losses.back());
 }
+
+namespace {
+
+// The fusion trunk under ZeRO-3 x tensor parallel: its reader's tp may exceed its writers'.
+using tp_fusion = st::models::vlm_graph<double, st::plan<st::data_parallel<>>,
+                                        st::plan<st::data_parallel<>, st::tensor_parallel<>>,
+                                        st::plan<st::sharded<st::zero<3>>, st::tensor_parallel<>>>;
+
+} // namespace
+
+TEST_CASE("the boundary conversions under other layouts match one rank", "[graph][layouts]") {
+  gs::run_options const o{.clip = 0.5, .steps = 4, .seed = st::test::seed()};
+  auto const ref = gs::run<tp_fusion>(1, gs::one_rank(), o);
+  using L = gs::layouts;
+  // text tp 1 -> fusion tp 2 and image tp 1 -> fusion tp 2: gathered forward, sliced backward
+  CHECK(gs::compare<double>(
+            ref,
+            gs::run<tp_fusion>(
+                8, L{{"image", {.dp = 8}}, {"text", {.dp = 8}}, {"fusion", {.dp = 4, .tp = 2}}}, o),
+            "text dp 8 -> fusion dp 4 x tp 2")
+            .empty());
+  // text tp 4 -> fusion tp 2: sliced forward, gathered over 4 ranks backward
+  CHECK(gs::compare<double>(ref,
+                            gs::run<tp_fusion>(8,
+                                               L{{"image", {.dp = 8}},
+                                                 {"text", {.dp = 2, .tp = 4}},
+                                                 {"fusion", {.dp = 4, .tp = 2}}},
+                                               o),
+                            "text dp 2 x tp 4 -> fusion dp 4 x tp 2")
+            .empty());
+  // 4 ranks, text tp 2 -> fusion tp 4
+  CHECK(gs::compare<double>(ref,
+                            gs::run<tp_fusion>(4,
+                                               L{{"image", {.dp = 4}},
+                                                 {"text", {.dp = 2, .tp = 2}},
+                                                 {"fusion", {.dp = 1, .tp = 4}}},
+                                               o),
+                            "4 ranks: text dp 2 x tp 2 -> fusion tp 4")
+            .empty());
+}
