@@ -1,4 +1,5 @@
-// Checkpoints keyed by part (io/graph_checkpoint.hpp): the seed's graph saved on 8 ranks after
+// Checkpoints keyed by part (io/graph_checkpoint.hpp; included by graph_test.cpp, one translation
+// unit): the seed's graph saved on 8 ranks after
 // 3 steps and loaded into one rank (every part resharded: dp 8, tp 2 and ZeRO-3 shards to whole
 // tensors) trains steps 4 and 5 like the 8-rank run that went on (f64: the parity contract).
 #include "graph_support.hpp"
@@ -16,7 +17,7 @@ namespace gs = strata::test::graph_support;
 
 namespace {
 
-using vlm = st::models::vlm_graph<double>;
+using vlm64 = st::models::vlm_graph<double>;
 
 // Steps [first, last] on `world` ranks under `l`; saves after step `save_after` when > 0, loads
 // from root first when `load`. Rank 0's record: the losses and norms of the steps, the
@@ -26,8 +27,8 @@ gs::run_record segment(int world, gs::layouts const& l, gs::run_options const& o
                        std::size_t save_after) {
   gs::run_record rec;
   st::comm::local::run(world, [&](st::comm::local::communicator& w) {
-    st::graph::trainer<vlm, st::comm::local::communicator> tr(
-        w, vlm{}, l, gs::optimizer_of<double>(o.opt),
+    st::graph::trainer<vlm64, st::comm::local::communicator> tr(
+        w, vlm64{}, l, gs::optimizer_of<double>(o.opt),
         {.lr = [lr = o.lr](std::int64_t) { return lr; }, .seed = o.seed});
     if (load) {
       auto const step = st::io::load_latest(tr, root);

@@ -310,3 +310,7 @@ TEST_CASE("the boundary conversions under other layouts match one rank", "[graph
                             "4 ranks: text dp 2 x tp 2 -> fusion tp 4")
             .empty());
 }
+
+#if STRATA_GRAPH_CHECKPOINT
+#include "graph_checkpoint_test.cpp"
+#endif
