@@ -81,3 +81,67 @@ TEST_CASE("a graph saved by part on 8 ranks loads into one rank and trains on al
                     Catch::Matchers::Contains("part \"text\" has no checkpoint"));
   std::filesystem::remove_all(root);
 }
+
+#include <strata/profile/chrome_trace.hpp>
+
+#include <fstream>
+#include <mutex>
+#include <set>
+
+// The trace names the part: one profiler a part on every rank (graph::trainer::part_process),
+// the 24 files merged into one, each part's process named by it, with its steps.
+TEST_CASE("each part's trace is named by the part", "[graph][trace]") {
+  namespace sp = st::profile;
+  auto const dir = std::filesystem::temp_directory_path() /
+                   ("strata_graph_trace_" + std::to_string(st::test::seed()));
+  std::filesystem::create_directories(dir);
+  gs::run_options const o{.seed = st::test::seed()};
+  st::comm::local::run(8, [&](st::comm::local::communicator& w) {
+    st::graph::trainer<vlm64, st::comm::local::communicator> tr(
+        w, vlm64{}, gs::seed_layout(), gs::optimizer_of<double>(o.opt),
+        {.lr = [](std::int64_t) { return 0.05; }, .seed = o.seed});
+    int const r = w.rank();
+    auto make = [&](auto process, char const* part) {
+      return std::make_unique<sp::profiler>(
+          sp::schedule{.wait = 1, .active = 2, .repeat = 1},
+          [&dir, r, part](sp::profiler& p) {
+            sp::write_chrome_trace(p, dir / (std::string(part) + std::to_string(r) + ".json"));
+          },
+          std::move(process));
+    };
+    auto image = make(tr.template part_process<0>(), "image");
+    auto text = make(tr.template part_process<1>(), "text");
+    auto fusion = make(tr.template part_process<2>(), "fusion");
+    std::vector<double> patches;
+    for (std::int64_t s = 1; s <= 3; ++s) {
+      auto const d = st::models::vlm_batch(o.samples, s, o.seed + 7);
+      tr.step(gs::batch_of<double>(d, patches));
+      image->step(tr.template part_trainer<0>());
+      text->step(tr.template part_trainer<1>());
+      fusion->step(tr.template part_trainer<2>());
+    }
+  });
+  std::vector<std::filesystem::path> files;
+  for (auto const* part : {"image", "text", "fusion"})
+    for (int r = 0; r < 8; ++r)
+      files.push_back(dir / (std::string(part) + std::to_string(r) + ".json"));
+  sp::merge_chrome_traces(files, dir / "all.json");
+  std::ifstream in(dir / "all.json");
+  auto const doc = nlohmann::json::parse(in);
+  std::set<std::string> names;
+  std::map<int, std::set<std::string>> steps;
+  for (auto const& e : doc.at("traceEvents")) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "process_name")
+      names.insert(e["args"]["name"].get<std::string>());
+    if (e.value("ph", "") == "X" && e.value("cat", "") == "step")
+      steps[e["pid"].get<int>()].insert(e["name"].get<std::string>());
+  }
+  CHECK(names.size() == 24);
+  CHECK(names.count("image rank 5 (dp 5, tp 0, pp 0)") == 1);
+  CHECK(names.count("text rank 5 (dp 2, tp 1, pp 0)") == 1);
+  CHECK(names.count("fusion rank 5 (dp 5, tp 0, pp 0)") == 1);
+  CHECK(steps.size() == 24); // a process a part and rank, each with its recorded steps
+  for (auto const& [pid, s] : steps)
+    CHECK(s == std::set<std::string>{"ProfilerStep#1", "ProfilerStep#2"}); // after wait 1
+  std::filesystem::remove_all(dir);
+}

@@ -17,6 +17,7 @@
 #include <strata/graph/graph.hpp>
 #include <strata/nn/context.hpp>
 #include <strata/plan/layer_cost.hpp>
+#include <strata/profile/profiler.hpp>
 #include <strata/train/trainer.hpp>
 
 #include <algorithm>
@@ -468,6 +469,18 @@ public:
   comm::mesh<C>& part_mesh() noexcept {
     return *std::get<I>(parts_).mesh;
   }
+  /// Part I's process for a profiler (profile::profiler(schedule, on_trace_ready,
+  /// part_process<I>()), stepped with part_trainer<I>()): its mesh's coordinates, labelled
+  /// with the part's name, with a trace process id of its own (rank x parts + I), so the
+  /// parts' traces of every rank merge into one file. Collective over the world.
+  template <std::size_t I>
+  profile::process_info part_process() {
+    auto p = profile::process_of(*std::get<I>(parts_).mesh);
+    p.label = std::string(G::names[I]);
+    p.pid = world_->rank() * static_cast<int>(n) + static_cast<int>(I);
+    return p;
+  }
+
   /// What the boundary conversions sent, summed over their communicators on this rank.
   comm::comm_counters boundary_counters() const {
     comm::comm_counters c;

@@ -72,13 +72,15 @@ inline double micros(std::int64_t ns, std::int64_t offset) noexcept {
 inline nlohmann::json chrome_events(profiler const& p) {
   using nlohmann::json;
   auto const& pi = p.process();
-  int const pid = pi.rank;
+  int const pid = pi.pid >= 0 ? pi.pid : pi.rank;
   std::int64_t const off = pi.clock_offset_ns;
   json ev = json::array();
   char name[96];
   std::snprintf(name, sizeof name, "rank %d (dp %d, tp %d, pp %d)", pi.rank, pi.coords.dp,
                 pi.coords.tp, pi.coords.pp);
-  ev.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", name}}}});
+  std::string const process = pi.label.empty() ? std::string(name) : pi.label + " " + name;
+  ev.push_back(
+      {{"ph", "M"}, {"name", "process_name"}, {"pid", pid}, {"args", {{"name", process}}}});
   ev.push_back(
       {{"ph", "M"}, {"name", "process_sort_index"}, {"pid", pid}, {"args", {{"sort_index", pid}}}});
   for (auto [l, n] :

@@ -41,6 +41,12 @@ struct process_info {
   comm::mesh_coords coords{};
   comm::mesh_shape shape{.dp = 1};
   std::int64_t clock_offset_ns = 0;
+  /// Put before the trace's process name ("text rank 3 (dp 1, tp 1, pp 0)"): a graph part's
+  /// name (graph::trainer::part_process). Empty: none.
+  std::string label{};
+  /// The trace's process id; -1: the rank. Several traces of one rank (a graph's parts) that
+  /// are merged need ids of their own.
+  int pid = -1;
 };
 
 inline std::int64_t steady_ns(std::chrono::steady_clock::time_point t) noexcept {
