@@ -66,14 +66,8 @@ struct run_record {
   double reference_sq_norm = 0; // step 1's gradients, summed over parts (one rank only)
 };
 
-inline comm::comm_counters minus(comm::comm_counters const& a, comm::comm_counters const& b) {
-  comm::comm_counters d;
-  for (std::size_t k = 0; k < comm::op_kind_count; ++k) {
-    auto const kind = static_cast<comm::op_kind>(k);
-    for (std::uint64_t c = 0; c < a.calls(kind) - b.calls(kind); ++c)
-      d.record(kind, c == 0 ? a.bytes(kind) - b.bytes(kind) : 0);
-  }
-  return d;
+inline comm::comm_counters minus(comm::comm_counters a, comm::comm_counters const& b) {
+  return a -= b;
 }
 
 template <class V>

@@ -75,6 +75,14 @@ public:
     }
     return *this;
   }
+  /// Takes an earlier reading of the same communicator away (what was done since it).
+  constexpr comm_counters& operator-=(comm_counters const& o) noexcept {
+    for (std::size_t k = 0; k < op_kind_count; ++k) {
+      entries_[k].calls -= o.entries_[k].calls;
+      entries_[k].bytes -= o.entries_[k].bytes;
+    }
+    return *this;
+  }
 
 private:
   std::array<entry, op_kind_count> entries_{};
